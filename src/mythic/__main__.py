@@ -1,0 +1,3 @@
+from mythic.cli import main
+
+main()

@@ -1,0 +1,299 @@
+"""The `mythic` command line."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, TypeVar
+
+import typer
+import yaml
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from mythic._errors import MythicError
+from mythic.config import MythicSettings, load_settings
+
+if TYPE_CHECKING:
+    from mythic.engine import PackagedModel
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="mythic",
+    help="Mythic: AI-driven game NPCs that talk, remember and act in real time.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+models_app = typer.Typer(help="Packaged models: list, fetch (install + assemble), verify.")
+config_app = typer.Typer(help="Show the effective configuration.")
+world_app = typer.Typer(help="Check world folders.")
+app.add_typer(models_app, name="models")
+app.add_typer(config_app, name="config")
+app.add_typer(world_app, name="world")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", "-c", help="YAML settings file (default: MYTHIC_CONFIG, ./mythic.yaml)."
+    ),
+]
+
+T = TypeVar("T")
+
+
+def _settings(config: Path | None) -> MythicSettings:
+    return _guard(lambda: load_settings(config))
+
+
+def _guard(fn: Callable[[], T]) -> T:
+    """Run `fn`; a Mythic error becomes a clear message and exit status 2, not a traceback."""
+    try:
+        return fn()
+    except MythicError as exc:
+        err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err,
+        transient=True,
+    )
+
+
+# -- models -------------------------------------------------------------------------------------
+
+
+@models_app.command("list")
+def models_list(config: ConfigOption = None) -> None:
+    """Show the packaged models, their sizes, licences and whether they are ready."""
+    from mythic.engine import PACKAGED_MODELS, ModelStore
+
+    settings = _settings(config)
+    store = ModelStore(settings.engine.models_dir)
+    table = Table(title="Packaged models")
+    for column in ("name", "model", "size", "context", "chat format", "licence", "role", "status"):
+        table.add_column(column)
+    for spec in PACKAGED_MODELS:
+        st = store.status(spec)
+        status = (
+            "verified"
+            if st.verified
+            else "assembled, not verified"
+            if st.present
+            else "packages installed"
+            if st.packages_installed
+            else "not installed" + (" (optional)" if spec.optional else "")
+        )
+        table.add_row(
+            spec.name,
+            spec.title,
+            f"{spec.size / 1e6:,.0f} MB",
+            f"{spec.context_length:,}",
+            spec.chat_format.value if spec.chat_format else "none (base)",
+            spec.licence,
+            spec.role,
+            status,
+        )
+    out.print(table)
+    out.print(f"models directory: {store.models_dir}")
+
+
+def _selected(names: list[str] | None, include_optional: bool) -> list[PackagedModel]:
+    from mythic.engine import PACKAGED_MODELS, packaged_model
+
+    if names:
+        return [_guard(partial(packaged_model, name)) for name in names]
+    return [m for m in PACKAGED_MODELS if include_optional or not m.optional]
+
+
+def _advance(progress: Progress, task: TaskID) -> Callable[[int, int], None]:
+    return lambda done, _total: progress.update(task, completed=done)
+
+
+@models_app.command("fetch")
+def models_fetch(
+    names: Annotated[
+        list[str] | None, typer.Argument(help="Models to fetch (default: all but optional ones).")
+    ] = None,
+    all_models: Annotated[bool, typer.Option("--all", help="Include optional models.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Reinstall and reassemble.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Install a model's packages, assemble its GGUF and verify its sha256."""
+    from mythic.engine import ModelStore
+
+    settings = _settings(config)
+    store = ModelStore(settings.engine.models_dir)
+    for spec in _selected(names, all_models):
+        if not force and store.status(spec).verified:
+            out.print(f"{spec.name}: ready ({store.location(spec)})")
+            continue
+        out.print(f"{spec.name}: installing {len(spec.packages)} package(s), assembling, verifying")
+        with _progress() as progress:
+            advance = _advance(progress, progress.add_task(spec.name, total=spec.size))
+            path = _guard(partial(store.fetch, spec, force=force, progress=advance))
+        out.print(f"{spec.name}: ready ({path})")
+
+
+@models_app.command("verify")
+def models_verify(
+    names: Annotated[
+        list[str] | None, typer.Argument(help="Models to verify (default: all fetched ones).")
+    ] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Hash every model file again and compare it with the registry."""
+    from mythic.engine import ModelStore
+
+    settings = _settings(config)
+    store = ModelStore(settings.engine.models_dir)
+    failed = 0
+    for spec in _selected(names, include_optional=True):
+        if not names and spec.optional and not store.location(spec).exists():
+            out.print(f"{spec.name}: skipped (optional, not fetched)")
+            continue
+        with _progress() as progress:
+            advance = _advance(progress, progress.add_task(f"hashing {spec.name}", total=spec.size))
+            report = store.verify(spec, advance)
+        if report.ok:
+            out.print(f"{spec.name}: OK ({report.path})")
+        else:
+            failed += 1
+            out.print(f"{spec.name}: FAILED: {report.problem}")
+            out.print(f"  fix: mythic models fetch {spec.name} --force")
+    if failed:
+        raise typer.Exit(1)
+
+
+# -- config ---------------------------------------------------------------------------------------
+
+
+@config_app.command("show")
+def config_show(config: ConfigOption = None) -> None:
+    """Print the effective configuration as YAML (file, environment and defaults merged)."""
+    settings = _settings(config)
+    out.print(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False).rstrip())
+
+
+# -- world ----------------------------------------------------------------------------------------
+
+
+@world_app.command("check")
+def world_check(path: Annotated[Path, typer.Argument(help="World folder.")]) -> None:
+    """Validate a world folder: every card, every lore document."""
+    from mythic.knowledge import load_world
+
+    world = _guard(lambda: load_world(path))
+    out.print(
+        f"{world.name}: {len(world.npcs)} NPCs, {len(world.card.zones)} zones, "
+        f"{len(world.lore)} lore documents: OK"
+    )
+
+
+# -- chat -----------------------------------------------------------------------------------------
+
+
+@app.command()
+def chat(
+    world: Annotated[Path, typer.Option("--world", "-w", help="World folder.")],
+    npc: Annotated[str, typer.Option("--npc", "-n", help="NPC id (file name of its card).")],
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Packaged model name or GGUF path (default: engine.dialogue_model).",
+        ),
+    ] = None,
+    say: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--say",
+            help="Say this and print the reply instead of chatting interactively (repeatable).",
+        ),
+    ] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Talk to an NPC in the terminal; replies stream as they are generated."""
+    from mythic.dialogue import Conversation, PlayerInputError
+    from mythic.engine import load_model
+    from mythic.knowledge import load_world
+
+    settings = _settings(config)
+    loaded = _guard(lambda: load_world(world))
+    try:
+        persona = loaded.npc(npc)
+    except KeyError as exc:
+        err.print(f"[bold red]error:[/] {exc.args[0]}")
+        raise typer.Exit(2) from None
+    name = model or settings.engine.dialogue_model
+    err.print(f"Loading {name} ...")
+    llm = _guard(lambda: load_model(name, settings.engine))
+    try:
+        conversation = _guard(lambda: Conversation(loaded, npc, llm, settings.chat))
+        interactive = say is None
+        if interactive:
+            err.print(
+                f"You are talking to {persona.name} ({persona.archetype}). "
+                "Type a line and press Enter; Ctrl-D or /quit to leave."
+            )
+        lines = iter(say) if say is not None else _read_lines()
+        for line in lines:
+            if line.strip() in {"/quit", "/exit"}:
+                break
+            if not interactive:
+                out.print(f"> {line}")
+            out.print(f"[bold]{persona.name}:[/] ", end="", markup=True)
+            try:
+                for piece in conversation.reply(line):
+                    out.print(piece, end="", markup=False)
+                    out.file.flush()
+            except PlayerInputError as exc:
+                out.print()
+                err.print(f"[yellow]{exc}[/]")
+                continue
+            out.print()
+    finally:
+        llm.close()
+
+
+def _read_lines() -> Iterator[str]:
+    """Player lines from the terminal (with a prompt) or from piped standard input."""
+    tty = sys.stdin.isatty()
+    while True:
+        try:
+            line = input("you> ") if tty else sys.stdin.readline()
+        except (EOFError, KeyboardInterrupt):
+            out.print()
+            return
+        if not tty:
+            if not line:
+                return
+            line = line.rstrip("\n")
+            out.print(f"you> {line}")
+        yield line
+
+
+def main() -> None:
+    """Entry point of the `mythic` console script."""
+    app()

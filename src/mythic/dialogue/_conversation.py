@@ -1,0 +1,124 @@
+"""A conversation between the player and one NPC, streamed from the embedded model.
+
+This is the thin first path: one NPC, one model, one stream at a time. The NPC actor of the
+server replaces it; the persona prompt and the history policy carry over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from mythic._errors import MythicError
+from mythic.config import ChatSettings
+from mythic.engine import ChatFormat, ChatMessage, LlamaCppModel, ModelError, Sampling
+from mythic.knowledge import Persona, World
+
+MAX_PLAYER_LINE = 2000
+
+
+class PlayerInputError(MythicError):
+    """The player's line cannot be used (empty, too long); the conversation goes on."""
+
+
+def persona_prompt(world: World, persona: Persona) -> str:
+    """The system prompt that makes the model speak as `persona`.
+
+    Stable parts come first so that later turns and other NPCs of the same world share a prefix.
+    """
+    lines = [
+        f"You are {persona.name}, a {persona.archetype} in {world.name}.",
+        f"The world: {world.card.description}",
+    ]
+    if persona.zone is not None:
+        zone = world.card.zones[persona.zone]
+        lines.append(f"You are at {zone.name}: {zone.description}")
+    if persona.backstory:
+        lines.append(f"Your story: {persona.backstory}")
+    lines.append(f"How you speak: {persona.style}.")
+    if persona.catchphrases:
+        lines.append("Words you like to use: " + ", ".join(f'"{c}"' for c in persona.catchphrases))
+    if persona.rules:
+        lines.append("Rules you always follow:")
+        lines += [f"- {rule}" for rule in persona.rules]
+    if persona.taboos:
+        lines.append("Never say or reveal:")
+        lines += [f"- {taboo}" for taboo in persona.taboos]
+    lines.append(
+        "Stay in character: never say you are an AI or a language model. "
+        "Answer the player in one to three short sentences of spoken dialogue."
+    )
+    return "\n".join(lines)
+
+
+class Conversation:
+    """The player talking to one NPC; keeps the recent history within the model's context."""
+
+    def __init__(
+        self, world: World, npc_id: str, model: LlamaCppModel, settings: ChatSettings
+    ) -> None:
+        fmt = model.resolved.chat_format
+        if fmt is None:
+            raise ModelError(
+                f"model {model.resolved.name} has no chat template (a base model); it cannot chat",
+                fix="use a chat model, e.g. --model qwen2.5-coder-0.5b-instruct, or set "
+                "engine.chat_format for your own GGUF",
+            )
+        self.npc_id = npc_id
+        self.persona = world.npc(npc_id)
+        self.model = model
+        self.settings = settings
+        self.chat_format: ChatFormat = fmt
+        self.system = ChatMessage("system", persona_prompt(world, self.persona))
+        self.history: list[ChatMessage] = []
+
+    def _prompt(self, line: str) -> str:
+        """Render the prompt, dropping the oldest exchanges until the reply fits the context."""
+        keep = (
+            self.history[-2 * self.settings.history_turns :] if self.settings.history_turns else []
+        )
+        budget = self.model.n_ctx - self.settings.max_tokens
+        while True:
+            messages = [self.system, *keep, ChatMessage("user", line)]
+            prompt = self.chat_format.render(messages)
+            if self.model.count_tokens(prompt) <= budget:
+                return prompt
+            if not keep:
+                raise PlayerInputError(
+                    "the persona and this line do not fit the model's context "
+                    f"({self.model.n_ctx} tokens); say something shorter"
+                )
+            keep = keep[2:]
+
+    def reply(self, player_line: str) -> Iterator[str]:
+        """Stream the NPC's reply to `player_line`; the exchange joins the history at the end.
+
+        Raises:
+            PlayerInputError: the line is empty or longer than 2000 characters.
+        """
+        line = player_line.strip()
+        if not line:
+            raise PlayerInputError("say something: the line is empty")
+        if len(line) > MAX_PLAYER_LINE:
+            raise PlayerInputError(
+                f"the line has {len(line)} characters; the limit is {MAX_PLAYER_LINE}"
+            )
+        prompt = self._prompt(line)
+        s = self.settings
+        sampling = Sampling(
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            repeat_penalty=s.repeat_penalty,
+            stop=self.chat_format.stop_strings,
+        )
+        pieces: list[str] = []
+        try:
+            for piece in self.model.stream(prompt, sampling):
+                pieces.append(piece)
+                yield piece
+        finally:
+            # An interrupted reply is still what the NPC said: keep it in the history.
+            said = "".join(pieces).strip()
+            if said:
+                self.history += [ChatMessage("user", line), ChatMessage("assistant", said)]

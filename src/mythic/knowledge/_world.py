@@ -1,0 +1,218 @@
+"""Worlds on disk: `world.yaml`, persona cards in `npcs/`, lore per zone in `lore/<zone>/`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
+
+from mythic.knowledge._cards import MAX_CARD_BYTES, WorldLoadError, WorldProblem, load_card
+
+_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=500)]
+Slug = Annotated[
+    str, StringConstraints(strip_whitespace=True, pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+]
+
+
+class _Card(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Persona(_Card):
+    """A persona card: who an NPC is and how it talks (`npcs/<id>.yaml`)."""
+
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+    """The name players see, e.g. "Marla, the Barkeep"."""
+    archetype: Slug
+    """The creature or role: human, vampire, werewolf, zombie, ghoul, lich, ..."""
+    style: Text
+    """How the NPC speaks, in a few words."""
+    rules: list[Text] = Field(default_factory=list, max_length=32)
+    """Behaviour rules the NPC always follows."""
+    taboos: list[Text] = Field(default_factory=list, max_length=32)
+    """Things the NPC never says or reveals."""
+    catchphrases: list[Text] = Field(default_factory=list, max_length=32)
+    """Words or phrases the NPC likes to use."""
+    voice_id: Slug | None = None
+    """The voice profile for speech."""
+    backstory: (
+        Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
+        | None
+    ) = None
+    """A few sentences of history, in the third person."""
+    zone: Slug | None = None
+    """The zone the NPC lives in (a key of `zones` in world.yaml)."""
+
+    @field_validator("zone")
+    @classmethod
+    def _zone_declared(cls, zone: str | None, info: ValidationInfo) -> str | None:
+        zones = info.context.get("zones") if isinstance(info.context, dict) else None
+        if zone is not None and zones is not None and zone not in zones:
+            raise ValueError(
+                f"unknown zone {zone!r} (world.yaml zones: {', '.join(sorted(zones))})"
+            )
+        return zone
+
+
+class Zone(_Card):
+    """A place in the world; its lore lives in `lore/<zone id>/`."""
+
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+    description: Text
+
+
+class WorldCard(_Card):
+    """`world.yaml`: the world's name, premise and zones."""
+
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+    description: Annotated[
+        str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)
+    ]
+    zones: dict[Slug, Zone] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LoreDoc:
+    """One markdown lore document of a zone."""
+
+    zone: str
+    title: str
+    text: str
+    path: Path
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """A loaded, fully valid world."""
+
+    path: Path
+    card: WorldCard
+    npcs: dict[str, Persona]
+    lore: tuple[LoreDoc, ...] = field(default_factory=tuple)
+
+    @property
+    def name(self) -> str:
+        return self.card.name
+
+    def npc(self, npc_id: str) -> Persona:
+        """The persona card of `npc_id`.
+
+        Raises:
+            KeyError: with the list of NPC ids the world has.
+        """
+        try:
+            return self.npcs[npc_id]
+        except KeyError:
+            known = ", ".join(sorted(self.npcs)) or "none"
+            raise KeyError(f"no NPC {npc_id!r} in world {self.name!r} (NPCs: {known})") from None
+
+    def lore_for(self, zone: str) -> list[LoreDoc]:
+        return [doc for doc in self.lore if doc.zone == zone]
+
+
+class _LoreFront(_Card):
+    title: Text | None = None
+    tags: list[Slug] = Field(default_factory=list, max_length=32)
+
+
+def _load_lore(path: Path, zone: str) -> tuple[LoreDoc | None, list[WorldProblem]]:
+    try:
+        if path.stat().st_size > MAX_CARD_BYTES:
+            return None, [WorldProblem(path, None, None, "larger than 256 KiB")]
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return None, [WorldProblem(path, None, None, "not UTF-8 text")]
+    except OSError as exc:
+        return None, [WorldProblem(path, None, None, f"cannot read: {exc.strerror or exc}")]
+    front = _LoreFront()
+    body = text
+    if text.startswith("---\n"):
+        end = text.find("\n---", 4)
+        if end < 0:
+            return None, [WorldProblem(path, 1, None, "front matter opened with --- never closed")]
+        try:
+            raw = yaml.safe_load(text[4:end]) or {}
+            front = _LoreFront.model_validate(raw)
+        except (yaml.YAMLError, ValueError) as exc:
+            return None, [WorldProblem(path, 1, "front matter", str(exc).splitlines()[0])]
+        body = text[end + 4 :].lstrip("\n")
+    if not body.strip():
+        return None, [WorldProblem(path, None, None, "lore document has no text")]
+    title = front.title
+    if title is None:
+        heading = next((ln for ln in body.splitlines() if ln.startswith("# ")), None)
+        title = heading[2:].strip() if heading else path.stem.replace("-", " ").replace("_", " ")
+    return LoreDoc(zone, title, body, path, tuple(front.tags)), []
+
+
+def load_world(path: str | Path) -> World:
+    """Load and validate a whole world folder.
+
+    Every card is checked before anything is returned, so a world is loaded completely or
+    not at all.
+
+    Raises:
+        WorldLoadError: lists every problem found, each with its file, line and field.
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise WorldLoadError([WorldProblem(root, None, None, "not a folder")])
+    problems: list[WorldProblem] = []
+
+    card, found = load_card(root / "world.yaml", WorldCard)
+    if not (root / "world.yaml").is_file():
+        found = [WorldProblem(root / "world.yaml", None, None, "missing: every world needs one")]
+    problems += found
+    zones = set(card.zones) if card else set()
+
+    npcs: dict[str, Persona] = {}
+    npc_dir = root / "npcs"
+    npc_files = sorted(npc_dir.glob("*.y*ml")) if npc_dir.is_dir() else []
+    if not npc_files:
+        problems.append(WorldProblem(npc_dir, None, None, "no persona cards (npcs/<id>.yaml)"))
+    for file in npc_files:
+        npc_id = file.stem
+        if not _ID.match(npc_id):
+            msg = f"NPC id {npc_id!r} must be lowercase letters, digits, '-' or '_'"
+            problems.append(WorldProblem(file, None, None, msg))
+            continue
+        if npc_id in npcs:
+            problems.append(WorldProblem(file, None, None, f"duplicate NPC id {npc_id!r}"))
+            continue
+        persona, found = load_card(file, Persona, context={"zones": zones} if card else None)
+        problems += found
+        if persona is None:
+            continue
+        npcs[npc_id] = persona
+
+    lore: list[LoreDoc] = []
+    lore_dir = root / "lore"
+    if lore_dir.is_dir():
+        for zone_dir in sorted(p for p in lore_dir.iterdir() if p.is_dir()):
+            if card is not None and zone_dir.name not in zones:
+                msg = f"lore for zone {zone_dir.name!r}, which world.yaml does not declare"
+                problems.append(WorldProblem(zone_dir, None, None, msg))
+                continue
+            for file in sorted(zone_dir.glob("*.md")):
+                doc, found = _load_lore(file, zone_dir.name)
+                problems += found
+                if doc is not None:
+                    lore.append(doc)
+
+    if problems or card is None:
+        raise WorldLoadError(problems)
+    return World(path=root, card=card, npcs=npcs, lore=tuple(lore))

@@ -1,0 +1,62 @@
+"""Test categories and shared fixtures.
+
+Every test module declares exactly one category marker (`pytestmark = pytest.mark.unit`,
+`integration` or `e2e`); collection fails otherwise. Integration and e2e tests use the real
+packaged models: where one is missing they skip, except under `CI=true`, where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from mythic.config import MythicSettings, load_settings
+
+CATEGORIES = ("unit", "integration", "e2e")
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_WORLD = ROOT / "examples" / "worlds" / "ravenmoor"
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = sorted(
+        {
+            str(item.path.relative_to(ROOT))
+            for item in items
+            if sum(1 for c in CATEGORIES if item.get_closest_marker(c)) != 1
+        }
+    )
+    if unmarked:
+        raise pytest.UsageError(
+            "test modules must declare exactly one category marker (unit, integration, e2e): "
+            + ", ".join(unmarked)
+        )
+
+
+def unavailable(reason: str) -> None:
+    """Skip, or fail under CI=true where every real component must be there."""
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: a missing component fails the run)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def settings() -> MythicSettings:
+    return load_settings()
+
+
+@pytest.fixture(scope="session")
+def example_world() -> Path:
+    return EXAMPLE_WORLD
+
+
+@pytest.fixture
+def no_config_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Run from an empty folder with no MYTHIC_* variables, so no outside setting leaks in."""
+    for key in list(os.environ):
+        if key.startswith("MYTHIC_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -1,0 +1,96 @@
+"""The package's shape: cheap import, public surfaces, layering, missing extras."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mythic
+from mythic import MissingExtraError
+
+pytestmark = pytest.mark.unit
+
+SRC = Path(mythic.__file__).resolve().parent
+PUBLIC = ["mythic", "mythic.config", "mythic.engine", "mythic.knowledge", "mythic.dialogue"]
+
+# ARCHITECTURE.md: imports point down only. Each package may import the ones listed.
+BASE = {"_errors", "_extras", "config", "contracts", "obs"}
+ALLOWED: dict[str, set[str]] = {
+    "config": {"_errors"},
+    "engine": BASE,
+    "knowledge": BASE,
+    "dialogue": BASE | {"engine", "knowledge"},
+    "cli": BASE | {"engine", "knowledge", "dialogue"},
+}
+HEAVY = ["llama_cpp", "torch", "numpy", "transformers", "redis", "asyncpg"]
+
+
+def test_import_loads_no_model_and_no_heavy_library() -> None:
+    code = (
+        "import sys, mythic, mythic.config, mythic.engine, mythic.knowledge, "
+        "mythic.dialogue, mythic.cli\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_public_surface_is_declared_and_importable(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = module.__all__
+    assert exported, f"{name} declares an empty __all__"
+    assert len(set(exported)) == len(exported)
+    for attr in exported:
+        assert hasattr(module, attr), f"{name}.__all__ names {attr}, which does not exist"
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "mythic" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_imports_point_down_the_layers(package: str) -> None:
+    for file in (SRC / package).rglob("*.py"):
+        wrong = _imports(file) - ALLOWED[package] - {package}
+        assert not wrong, f"{file.relative_to(SRC)} imports {sorted(wrong)} (layering)"
+
+
+def test_every_package_is_placed_in_a_layer() -> None:
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").exists()}
+    assert packages <= set(ALLOWED) | BASE
+
+
+def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mythic.engine import LlamaCppModel, ResolvedModel
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # makes `import llama_cpp` fail
+    resolved = ResolvedModel(name="x", path=Path("x.gguf"), chat_format=None, context_length=None)
+    with pytest.raises(MissingExtraError) as info:
+        LlamaCppModel.load(resolved)
+    assert isinstance(info.value, ImportError)
+    assert "pip install 'mythic[llm]'" in str(info.value)
+    assert info.value.extra == "llm"
+
+
+def test_py_typed_is_shipped() -> None:
+    assert (SRC / "py.typed").is_file()

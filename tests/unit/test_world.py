@@ -1,0 +1,153 @@
+"""World folders: every malformed card is named with its file, line and field; all or nothing."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mythic.knowledge import WorldLoadError, load_world
+
+pytestmark = pytest.mark.unit
+
+WORLD_YAML = """\
+name: Testholm
+description: A small test town.
+zones:
+  square:
+    name: The Square
+    description: Cobbles and a well.
+"""
+GOOD_CARD = """\
+name: "Marla, the Barkeep"
+archetype: human
+style: "wry, concise"
+rules: ["Never reveal the tunnel"]
+catchphrases: ["friend", "listen"]
+voice_id: baritone_02
+zone: square
+"""
+
+
+def make_world(root: Path, cards: dict[str, str], lore: dict[str, str] | None = None) -> Path:
+    (root / "npcs").mkdir(parents=True)
+    (root / "world.yaml").write_text(WORLD_YAML)
+    for name, text in cards.items():
+        (root / "npcs" / name).write_text(textwrap.dedent(text))
+    for rel, text in (lore or {}).items():
+        (root / "lore" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "lore" / rel).write_text(text)
+    return root
+
+
+def problems_of(root: Path) -> list[str]:
+    with pytest.raises(WorldLoadError) as info:
+        load_world(root)
+    return [str(p) for p in info.value.problems]
+
+
+def test_the_example_world_loads(example_world: Path) -> None:
+    world = load_world(example_world)
+    archetypes = {p.archetype for p in world.npcs.values()}
+    assert {"human", "vampire", "werewolf", "zombie", "ghoul", "lich"} <= archetypes
+    assert len(world.npcs) >= 6
+    assert "marla" in world.npcs
+    assert len(world.card.zones) >= 3
+    for zone in world.card.zones:
+        assert world.lore_for(zone), f"zone {zone} has no lore"
+    for persona in world.npcs.values():
+        assert persona.zone in world.card.zones
+
+
+def test_a_good_world_with_lore(tmp_path: Path) -> None:
+    root = make_world(
+        tmp_path,
+        {"marla.yaml": GOOD_CARD},
+        {
+            "square/well.md": "---\ntitle: The Well\ntags: [water]\n---\n# Ignored\nIt is deep.\n",
+            "square/bells.md": "# The Bells\nThey ring at dusk.\n",
+        },
+    )
+    world = load_world(root)
+    assert world.npc("marla").catchphrases == ["friend", "listen"]
+    docs = {d.title: d for d in world.lore_for("square")}
+    assert docs["The Well"].tags == ("water",) and docs["The Well"].text.startswith("# Ignored")
+    assert "The Bells" in docs
+    with pytest.raises(KeyError, match="NPCs: marla"):
+        world.npc("bob")
+
+
+@pytest.mark.parametrize(
+    ("card", "expected"),
+    [
+        ('name: "X"\narchetype: human\n', "x.yaml:1: style: Field required"),
+        ('name: "X"\narchetype: human\nstyle: ok\ncatchphrase: ["hi"]\n', "x.yaml:4: catchphrase"),
+        (
+            'name: "X"\narchetype: human\nstyle: ok\nrules:\n  - fine\n  - [nested]\n',
+            "x.yaml:6: rules.1",
+        ),
+        ('name: "X"\narchetype: Big Vampire\nstyle: ok\n', "x.yaml:2: archetype"),
+        (
+            'name: "X"\narchetype: human\nstyle: ok\nzone: moon\n',
+            "x.yaml:4: zone: Value error, unknown zone 'moon'",
+        ),
+        ('name: "X"\narchetype: human\nstyle: "unclosed\n', "x.yaml:4: invalid YAML"),
+        ("- just\n- a list\n", "x.yaml:1: expected a mapping of fields, got a list"),
+        ("", "x.yaml:1: expected a mapping of fields, got empty"),
+        (
+            'name: ""\narchetype: human\nstyle: ok\n',
+            "x.yaml:1: name: String should have at least 1",
+        ),
+    ],
+)
+def test_malformed_cards_name_file_line_and_field(tmp_path: Path, card: str, expected: str) -> None:
+    root = make_world(tmp_path, {"x.yaml": card})
+    assert any(expected in p for p in problems_of(root)), problems_of(root)
+
+
+def test_nothing_loads_half_way_and_every_problem_is_listed(tmp_path: Path) -> None:
+    root = make_world(
+        tmp_path,
+        {"marla.yaml": GOOD_CARD, "bad.yaml": "name: x\n", "Bad Id.yaml": GOOD_CARD},
+        {"nowhere/x.md": "# X\ntext\n", "square/empty.md": "---\ntags: [a]\n---\n"},
+    )
+    problems = problems_of(root)
+    assert any("bad.yaml:1: archetype: Field required" in p for p in problems)
+    assert any("bad.yaml:1: style: Field required" in p for p in problems)
+    assert any("NPC id 'Bad Id'" in p for p in problems)
+    assert any("zone 'nowhere', which world.yaml does not declare" in p for p in problems)
+    assert any("empty.md: lore document has no text" in p for p in problems)
+
+
+def test_missing_pieces(tmp_path: Path) -> None:
+    assert any("not a folder" in p for p in problems_of(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    problems = problems_of(tmp_path / "empty")
+    assert any("world.yaml: missing" in p for p in problems)
+    assert any("no persona cards" in p for p in problems)
+
+
+def test_hostile_files(tmp_path: Path) -> None:
+    root = make_world(tmp_path, {"marla.yaml": GOOD_CARD})
+    (root / "npcs" / "bin.yaml").write_bytes(b"\xff\xfe\x00name")
+    (root / "npcs" / "huge.yaml").write_text("name: " + "x" * 300_000)
+    (root / "npcs" / "tag.yaml").write_text("name: !!python/object:os.system ls\n")
+    problems = problems_of(root)
+    assert any("bin.yaml: not UTF-8" in p for p in problems)
+    assert any("huge.yaml: 300006 bytes" in p for p in problems)
+    assert any("tag.yaml:1: invalid YAML" in p for p in problems)
+
+
+def test_front_matter_errors(tmp_path: Path) -> None:
+    root = make_world(
+        tmp_path,
+        {"marla.yaml": GOOD_CARD},
+        {
+            "square/a.md": "---\ntags: [ok]\n# never closed\n",
+            "square/b.md": "---\ntags: [Not Ok]\n---\ntext\n",
+        },
+    )
+    problems = problems_of(root)
+    assert any("a.md:1: front matter opened with --- never closed" in p for p in problems)
+    assert any("b.md:1: front matter" in p for p in problems)
