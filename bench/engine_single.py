@@ -47,13 +47,13 @@ class Row:
 
 def _persona_messages(count_tokens: Callable[[str], int]) -> list[ChatMessage]:
     world = load_world(WORLD)
-    system = persona_prompt(world, world.npc("marla"))
-    # Lore from Marla's zone pads the system prompt to about TARGET_PROMPT_TOKENS tokens.
-    lore = " ".join(doc.text for doc in world.lore_for(world.npc("marla").zone or ""))
-    words = lore.split()
-    while count_tokens(system) < TARGET_PROMPT_TOKENS and words:
-        system += " " + " ".join(words[:10])
-        words = words[10:]
+    # Marla's persona prompt, cut at a line boundary to about TARGET_PROMPT_TOKENS tokens.
+    lines = persona_prompt(world, world.npc("marla")).splitlines()
+    system = lines[0]
+    for line in lines[1:]:
+        if count_tokens(system) >= TARGET_PROMPT_TOKENS:
+            break
+        system += "\n" + line
     return [
         ChatMessage("system", system),
         ChatMessage("user", "Tell me a long story about this town."),

@@ -47,7 +47,7 @@ def test_bad_lines_get_typed_errors_and_the_conversation_survives(
 def test_old_turns_drop_out_when_the_context_fills(
     settings: MythicSettings, example_world: Path
 ) -> None:
-    engine = EngineSettings(**(settings.engine.model_dump() | {"n_ctx": 512}))
+    engine = EngineSettings(**(settings.engine.model_dump() | {"n_ctx": 1024}))
     model = load_model("smollm2-135m-instruct", engine)
     try:
         chat = Conversation(load_world(example_world), "marla", model, SHORT)

@@ -7,6 +7,7 @@ batching replaces the generation loop; loading and the checks before it stay.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,15 +28,17 @@ class Sampling:
     top_k: int = 40
     repeat_penalty: float = 1.1
     seed: int | None = None
+    """None: the model's configured seed (`engine.seed`), random when that is -1."""
     stop: tuple[str, ...] = field(default_factory=tuple)
 
 
 class LlamaCppModel:
     """A GGUF model loaded by llama-cpp-python. Not thread-safe: one stream at a time."""
 
-    def __init__(self, resolved: ResolvedModel, llama: Any) -> None:
+    def __init__(self, resolved: ResolvedModel, llama: Any, *, seed: int = -1) -> None:
         self.resolved = resolved
         self._llama = llama
+        self._seed = seed
 
     @classmethod
     def load(
@@ -65,8 +68,6 @@ class LlamaCppModel:
             "n_gpu_layers": n_gpu_layers,
             "verbose": False,
         }
-        if seed >= 0:
-            kwargs["seed"] = seed
         try:
             llama = llama_cpp.Llama(**kwargs)
         except (ValueError, RuntimeError) as exc:
@@ -75,7 +76,7 @@ class LlamaCppModel:
                 fix="check that the file is a complete GGUF model of an architecture this "
                 "llama-cpp-python supports",
             ) from exc
-        return cls(resolved, llama)
+        return cls(resolved, llama, seed=seed)
 
     @property
     def n_ctx(self) -> int:
@@ -96,8 +97,10 @@ class LlamaCppModel:
             "stop": list(sampling.stop),
             "stream": True,
         }
-        if sampling.seed is not None:
-            kwargs["seed"] = sampling.seed
+        # A request without a seed gets the model's seed, or a fresh random one when that is -1:
+        # llama.cpp would otherwise reuse one fixed seed, and every run would say the same thing.
+        seed = sampling.seed if sampling.seed is not None else self._seed
+        kwargs["seed"] = seed if seed >= 0 else random.getrandbits(31)
         for chunk in self._llama.create_completion(prompt, **kwargs):
             text = chunk["choices"][0]["text"]
             if text:
