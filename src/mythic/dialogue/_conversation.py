@@ -26,7 +26,8 @@ def persona_prompt(world: World, persona: Persona) -> str:
     Stable parts come first so that later turns and other NPCs of the same world share a prefix.
     """
     lines = [
-        f"You are {persona.name}, a {persona.archetype} in {world.name}.",
+        f"You are playing a character in a video game set in {world.name}.",
+        f"You are {persona.name}, a {persona.archetype}.",
         f"The world: {world.card.description}",
     ]
     if persona.zone is not None:
@@ -43,9 +44,12 @@ def persona_prompt(world: World, persona: Persona) -> str:
     if persona.taboos:
         lines.append("Never say or reveal:")
         lines += [f"- {taboo}" for taboo in persona.taboos]
+    # Measured on the 0.5B default model: naming the speaker and forbidding echoes cut replies
+    # that parrot the player's line; "never say you are an AI" keeps it in the fiction.
+    short_name = persona.name.split(",")[0]
     lines.append(
-        "Stay in character: never say you are an AI or a language model. "
-        "Answer the player in one to three short sentences of spoken dialogue."
+        f"Reply to the player as {short_name}, in the first person, in one to three short "
+        "sentences of spoken dialogue. Never repeat the player's words. Never say you are an AI."
     )
     return "\n".join(lines)
 
@@ -118,7 +122,12 @@ class Conversation:
                 pieces.append(piece)
                 yield piece
         finally:
-            # An interrupted reply is still what the NPC said: keep it in the history.
+            # An interrupted reply is still what the NPC said: keep it in the history. A reply
+            # that only parrots the player's line is left out, or small models copy it every turn.
             said = "".join(pieces).strip()
-            if said:
+            if said and _normalise(said) != _normalise(line):
                 self.history += [ChatMessage("user", line), ChatMessage("assistant", said)]
+
+
+def _normalise(text: str) -> str:
+    return " ".join(text.lower().strip(" .!?\"'").split())

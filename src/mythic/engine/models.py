@@ -250,8 +250,11 @@ class ModelStore:
                 return self.models_dir / f"{spec.name}.gguf"
         return self.models_dir / f"{spec.name}.gguf"
 
-    def _record_path(self, spec: PackagedModel) -> Path:
-        return self.models_dir / f"{spec.name}.verified.json"
+    def _record_path(self, spec: PackagedModel, path: Path) -> Path:
+        # One record per file location: a model used in place from several virtual
+        # environments (a wheel's file) has one copy, and one record, in each.
+        where = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+        return self.models_dir / "verified" / f"{spec.name}-{where}.json"
 
     def missing_packages(self, spec: PackagedModel) -> list[Requirement]:
         missing = []
@@ -306,11 +309,16 @@ class ModelStore:
             ModelIntegrityError: the assembled file does not match the registry (it is removed).
         """
         self.models_dir.mkdir(parents=True, exist_ok=True)
-        if not force and self.status(spec).verified:
-            return self.location(spec)
+        if not force:
+            status = self.status(spec)
+            if status.verified:
+                return status.path
+            if status.present and self._problem(spec, status.path, progress) is None:
+                self._record(spec, status.path)
+                return status.path
         self.install_packages(spec, force=force)
         target = self.models_dir / f"{spec.name}.gguf"
-        self._record_path(spec).unlink(missing_ok=True)
+        self._record_path(spec, target).unlink(missing_ok=True)
         if isinstance(spec.assembly, SingleFile):
             path = _package_file(spec.assembly.file)
         elif isinstance(spec.assembly, ConcatParts):
@@ -368,10 +376,7 @@ class ModelStore:
     ) -> None:
         problem = self._problem(spec, path, progress)
         if problem is None:
-            stat = path.stat()
-            record = {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-            self.models_dir.mkdir(parents=True, exist_ok=True)
-            self._record_path(spec).write_text(json.dumps(record | {"sha256": spec.sha256}))
+            self._record(spec, path)
             return
         if remove_on_mismatch:
             path.unlink(missing_ok=True)
@@ -379,6 +384,19 @@ class ModelStore:
             f"{spec.name}: {problem}; the file is not used",
             fix=f"mythic models fetch {spec.name} --force",
         )
+
+    def _record(self, spec: PackagedModel, path: Path) -> None:
+        """Remember that `path`, as it is now, has the registry's sha256."""
+        stat = path.stat()
+        record = {
+            "path": str(path),
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+            "sha256": spec.sha256,
+        }
+        record_path = self._record_path(spec, path)
+        record_path.parent.mkdir(parents=True, exist_ok=True)
+        record_path.write_text(json.dumps(record))
 
     def _problem(self, spec: PackagedModel, path: Path, progress: Progress | None) -> str | None:
         if not path.is_file():
@@ -397,7 +415,7 @@ class ModelStore:
 
     def _record_matches(self, spec: PackagedModel, path: Path) -> bool:
         try:
-            record = json.loads(self._record_path(spec).read_text())
+            record = json.loads(self._record_path(spec, path).read_text())
             stat = path.stat()
         except (OSError, ValueError):
             return False
