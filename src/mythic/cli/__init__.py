@@ -19,7 +19,6 @@ from rich.progress import (
     TextColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
 
 from mythic._errors import MythicError
 from mythic.config import MythicSettings, load_settings
@@ -44,7 +43,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(world_app, name="world")
 
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ConfigOption = Annotated[
     Path | None,
@@ -90,9 +89,8 @@ def models_list(config: ConfigOption = None) -> None:
 
     settings = _settings(config)
     store = ModelStore(settings.engine.models_dir)
-    table = Table(title="Packaged models")
-    for column in ("name", "model", "size", "context", "chat format", "licence", "role", "status"):
-        table.add_column(column)
+    row = "{:<29} {:>9} {:>5}  {:<7} {:<19} {}"
+    out.print(row.format("name", "size", "ctx", "chat", "licence", "status"))
     for spec in PACKAGED_MODELS:
         st = store.status(spec)
         status = (
@@ -102,19 +100,18 @@ def models_list(config: ConfigOption = None) -> None:
             if st.present
             else "packages installed"
             if st.packages_installed
-            else "not installed" + (" (optional)" if spec.optional else "")
+            else "missing" + (" (optional)" if spec.optional else "")
         )
-        table.add_row(
-            spec.name,
-            spec.title,
-            f"{spec.size / 1e6:,.0f} MB",
-            f"{spec.context_length:,}",
-            spec.chat_format.value if spec.chat_format else "none (base)",
-            spec.licence,
-            spec.role,
-            status,
+        out.print(
+            row.format(
+                spec.name,
+                f"{spec.size / 1e6:,.0f} MB",
+                f"{spec.context_length // 1024}K",
+                spec.chat_format.value if spec.chat_format else "base",
+                spec.licence,
+                status,
+            )
         )
-    out.print(table)
     out.print(f"models directory: {store.models_dir}")
 
 
