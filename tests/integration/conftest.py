@@ -4,6 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from mythic import MissingExtraError
 from mythic.config import MythicSettings
 from mythic.engine import LlamaCppModel, ModelError, load_model
 from tests.conftest import unavailable
@@ -12,7 +13,7 @@ from tests.conftest import unavailable
 def _load(name: str, settings: MythicSettings) -> LlamaCppModel:
     try:
         return load_model(name, settings.engine)
-    except ModelError as exc:
+    except (ModelError, MissingExtraError) as exc:
         unavailable(f"model {name} is not available: {exc}")
         raise
 
