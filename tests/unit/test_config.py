@@ -54,6 +54,7 @@ def test_explicit_file_and_mythic_config(
         ("engine: [1, 2\n", "not valid YAML"),
         ("- 1\n- 2\n", "expected a mapping"),
         ("just text\n", "expected a mapping"),
+        ("engine: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
     ],
 )
 def test_invalid_files_name_the_setting(no_config_env: Path, text: str, message: str) -> None:

@@ -136,6 +136,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read configuration file {path}: {exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -77,6 +78,28 @@ def _item_line(node: yaml.Node, loc: tuple[int | str, ...]) -> int | None:
     return line
 
 
+def read_text_file(path: Path) -> tuple[str | None, list[WorldProblem]]:
+    """Read a small UTF-8 text file of a world, or say why it cannot be used.
+
+    Only regular files are read, and never more than MAX_CARD_BYTES: a card that is a link to a
+    device or a huge file is a problem to report, not a read that never ends.
+    """
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            return None, [WorldProblem(path, None, None, "not a regular file")]
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_CARD_BYTES + 1)
+    except OSError as exc:
+        return None, [WorldProblem(path, None, None, f"cannot read: {exc.strerror or exc}")]
+    if len(raw) > MAX_CARD_BYTES:
+        return None, [WorldProblem(path, None, None, f"{st.st_size} bytes; the limit is 256 KiB")]
+    try:
+        return raw.decode("utf-8"), []
+    except UnicodeDecodeError:
+        return None, [WorldProblem(path, None, None, "not UTF-8 text")]
+
+
 def load_card(
     path: Path, model: type[Card], *, context: dict[str, object] | None = None
 ) -> tuple[Card | None, list[WorldProblem]]:
@@ -84,15 +107,9 @@ def load_card(
 
     `context` is handed to the model's validators (e.g. the zones a world declares).
     """
-    try:
-        size = path.stat().st_size
-        if size > MAX_CARD_BYTES:
-            return None, [WorldProblem(path, None, None, f"{size} bytes; the limit is 256 KiB")]
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        return None, [WorldProblem(path, None, None, "not UTF-8 text")]
-    except OSError as exc:
-        return None, [WorldProblem(path, None, None, f"cannot read: {exc.strerror or exc}")]
+    text, problems = read_text_file(path)
+    if text is None:
+        return None, problems
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -103,6 +120,8 @@ def load_card(
         return None, [WorldProblem(path, line, None, f"invalid YAML: {why}")]
     except yaml.YAMLError as exc:
         return None, [WorldProblem(path, None, None, f"invalid YAML: {exc}")]
+    except RecursionError:
+        return None, [WorldProblem(path, None, None, "invalid YAML: nested too deeply")]
     if not isinstance(data, dict) or node is None:
         kind = "empty" if data is None else f"a {type(data).__name__}"
         return None, [WorldProblem(path, 1, None, f"expected a mapping of fields, got {kind}")]

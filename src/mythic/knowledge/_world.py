@@ -17,7 +17,7 @@ from pydantic import (
     field_validator,
 )
 
-from mythic.knowledge._cards import MAX_CARD_BYTES, WorldLoadError, WorldProblem, load_card
+from mythic.knowledge._cards import WorldLoadError, WorldProblem, load_card, read_text_file
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
@@ -130,14 +130,9 @@ class _LoreFront(_Card):
 
 
 def _load_lore(path: Path, zone: str) -> tuple[LoreDoc | None, list[WorldProblem]]:
-    try:
-        if path.stat().st_size > MAX_CARD_BYTES:
-            return None, [WorldProblem(path, None, None, "larger than 256 KiB")]
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        return None, [WorldProblem(path, None, None, "not UTF-8 text")]
-    except OSError as exc:
-        return None, [WorldProblem(path, None, None, f"cannot read: {exc.strerror or exc}")]
+    text, problems = read_text_file(path)
+    if text is None:
+        return None, problems
     front = _LoreFront()
     body = text
     if text.startswith("---\n"):
@@ -147,6 +142,8 @@ def _load_lore(path: Path, zone: str) -> tuple[LoreDoc | None, list[WorldProblem
         try:
             raw = yaml.safe_load(text[4:end]) or {}
             front = _LoreFront.model_validate(raw)
+        except RecursionError:
+            return None, [WorldProblem(path, 1, "front matter", "nested too deeply")]
         except (yaml.YAMLError, ValueError) as exc:
             return None, [WorldProblem(path, 1, "front matter", str(exc).splitlines()[0])]
         body = text[end + 4 :].lstrip("\n")
