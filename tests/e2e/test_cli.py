@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +142,34 @@ def test_a_missing_model_names_the_fix(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "mythic models fetch qwen2.5-coder-0.5b-instruct" in result.stderr
+
+
+def test_ctrl_c_cuts_the_npc_off_and_the_chat_goes_on() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mythic", "chat", "--world", str(EXAMPLE_WORLD), "--npc", "marla"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "MYTHIC_CHAT__MAX_TOKENS": "400", "MYTHIC_CHAT__TEMPERATURE": "0"},
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(b"Tell me the whole history of Ravenmoor, every year of it.\n")
+        proc.stdin.flush()
+        seen = b""
+        deadline = time.monotonic() + 120
+        # Wait until the reply has started streaming, then interrupt it.
+        while b"Barkeep: " not in seen or seen.endswith(b"Barkeep: "):
+            assert time.monotonic() < deadline, seen
+            ready, _, _ = select.select([proc.stdout], [], [], 5)
+            if ready:
+                seen += os.read(proc.stdout.fileno(), 4096)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(b"Thanks.\n/quit\n", timeout=120)
+    finally:
+        proc.kill()
+    text = (seen + out).decode()
+    assert proc.returncode == 0, err.decode()
+    assert "[cut off]" in text
+    assert text.count("Marla, the Barkeep:") == 2  # the next line is answered

@@ -271,6 +271,10 @@ def chat(
                 out.print()
                 err.print(f"[yellow]{exc}[/]")
                 continue
+            except KeyboardInterrupt:
+                # Ctrl-C cuts the NPC off (what it said so far is kept); Ctrl-D leaves.
+                out.print(" [cut off]", markup=False)
+                continue
             out.print()
     finally:
         llm.close()
