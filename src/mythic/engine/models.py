@@ -229,7 +229,7 @@ def sha256_file(path: Path, progress: Progress | None = None) -> str:
 def _package_file(pf: PackageFile) -> Path:
     spec = importlib.util.find_spec(pf.module)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(pf.module)
+        raise ModuleNotFoundError(f"No module named {pf.module!r}", name=pf.module)
     return Path(next(iter(spec.submodule_search_locations))) / pf.resource
 
 
@@ -319,12 +319,18 @@ class ModelStore:
         self.install_packages(spec, force=force)
         target = self.models_dir / f"{spec.name}.gguf"
         self._record_path(spec, target).unlink(missing_ok=True)
-        if isinstance(spec.assembly, SingleFile):
-            path = _package_file(spec.assembly.file)
-        elif isinstance(spec.assembly, ConcatParts):
-            path = self._concat(spec, spec.assembly, target, progress)
-        else:
-            path = self._package_assemble(spec, spec.assembly, target)
+        try:
+            if isinstance(spec.assembly, SingleFile):
+                path = _package_file(spec.assembly.file)
+            elif isinstance(spec.assembly, ConcatParts):
+                path = self._concat(spec, spec.assembly, target, progress)
+            else:
+                path = self._package_assemble(spec, spec.assembly, target)
+        except ModuleNotFoundError as exc:
+            raise ModelNotInstalledError(
+                f"{spec.name}: package module {exc.name!r} is not importable after installing",
+                fix=f"mythic models fetch {spec.name} --force",
+            ) from exc
         self._check(spec, path, progress, remove_on_mismatch=path == target)
         return path
 
