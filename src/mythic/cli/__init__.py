@@ -42,8 +42,9 @@ app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
 app.add_typer(world_app, name="world")
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# markup=False: NPC names, player lines and paths may contain [brackets] that are not markup.
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 ConfigOption = Annotated[
     Path | None,
@@ -64,7 +65,7 @@ def _guard(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except MythicError as exc:
-        err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        err.print(f"error: {exc}", style="bold red")
         raise typer.Exit(2) from None
 
 
@@ -243,7 +244,7 @@ def chat(
     try:
         persona = loaded.npc(npc)
     except KeyError as exc:
-        err.print(f"[bold red]error:[/] {exc.args[0]}")
+        err.print(f"error: {exc.args[0]}", style="bold red")
         raise typer.Exit(2) from None
     name = model or settings.engine.dialogue_model
     err.print(f"Loading {name} ...")
@@ -262,14 +263,14 @@ def chat(
                 break
             if not interactive:
                 out.print(f"> {line}")
-            out.print(f"[bold]{persona.name}:[/] ", end="", markup=True)
+            out.print(f"{persona.name}: ", end="")
             try:
                 for piece in conversation.reply(line):
                     out.print(piece, end="", markup=False)
                     out.file.flush()
             except PlayerInputError as exc:
                 out.print()
-                err.print(f"[yellow]{exc}[/]")
+                err.print(str(exc), style="yellow")
                 continue
             except KeyboardInterrupt:
                 # Ctrl-C cuts the NPC off (what it said so far is kept); Ctrl-D leaves.
