@@ -1,0 +1,311 @@
+"""The token scheduler, driven step by step without a model."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+
+from mythic.engine import (
+    Overloaded,
+    Priority,
+    ScheduledEntry,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
+
+pytestmark = pytest.mark.unit
+
+_ids = itertools.count()
+
+
+def entry(
+    priority: Priority = Priority.SILVER,
+    *,
+    prompt: int = 1,
+    max_tokens: int = 100,
+    arrival: float = 0.0,
+    deadline: float | None = None,
+    adapters: tuple[tuple[str, float], ...] = (),
+    name: str | None = None,
+) -> ScheduledEntry:
+    return ScheduledEntry(
+        request_id=name or f"r{next(_ids)}",
+        priority=priority,
+        arrival=arrival,
+        prompt_tokens=prompt,
+        max_tokens=max_tokens,
+        kv_cells=prompt + max_tokens,
+        adapter_key=adapters,
+        deadline=deadline,
+    )
+
+
+def step(sched: Scheduler, now: float = 0.0, seconds: float = 0.01) -> SchedulerOutput:
+    out = sched.schedule(now)
+    sched.update(out, finished=(), step_seconds=seconds)
+    return out
+
+
+def tokens_by_request(out: SchedulerOutput) -> dict[str, int]:
+    return {chunk.request_id: chunk.n_tokens for chunk in out.chunks()}
+
+
+def test_new_request_is_admitted_and_prefilled_then_decodes_one_token_per_step() -> None:
+    sched = Scheduler()
+    e = entry(prompt=10)
+    sched.add(e)
+    out = step(sched)
+    assert out.admitted == [e.request_id]
+    [chunk] = out.chunks()
+    assert (chunk.n_tokens, chunk.prefill, chunk.sample) == (10, True, True)
+    [chunk] = step(sched).chunks()
+    assert (chunk.n_tokens, chunk.prefill, chunk.sample) == (1, False, True)
+    assert e.generated == 2
+
+
+def test_gold_is_scheduled_first_and_always_when_sequences_are_scarce() -> None:
+    sched = Scheduler(SchedulerConfig(max_batch_seqs=4, min_slice_seqs=0))
+    silver = [entry(Priority.SILVER) for _ in range(8)]
+    for e in silver:
+        sched.add(e)
+    step(sched)
+    gold = entry(Priority.GOLD, arrival=1.0)
+    sched.add(gold)
+    for _ in range(5):
+        out = step(sched)
+        first = next(iter(out.chunks()))
+        assert first.request_id == gold.request_id
+        assert out.num_seqs == 4
+
+
+def test_fair_share_follows_class_weights_among_competing_sequences() -> None:
+    cfg = SchedulerConfig(max_batch_seqs=3, min_slice_seqs=0, burst_tokens=1, kv_capacity=100_000)
+    sched = Scheduler(cfg)
+    entries = [entry(Priority.SPEAKING, max_tokens=1000, prompt=1) for _ in range(3)]
+    entries += [entry(Priority.BRONZE, max_tokens=1000, prompt=1) for _ in range(3)]
+    for e in entries:
+        sched.add(e)
+    served: Counter[Priority] = Counter()
+    for _ in range(450):
+        for chunk in step(sched).chunks():
+            served[sched.get(chunk.request_id).priority] += 1  # type: ignore[union-attr]
+    ratio = served[Priority.SPEAKING] / served[Priority.BRONZE]
+    assert ratio == pytest.approx(8.0, rel=0.15)
+
+
+def test_minimum_slice_keeps_every_class_moving() -> None:
+    cfg = SchedulerConfig(max_batch_seqs=4, min_slice_seqs=1, kv_capacity=100_000)
+    sched = Scheduler(cfg)
+    for _ in range(10):
+        sched.add(entry(Priority.SPEAKING, max_tokens=1000))
+    bronze = entry(Priority.BRONZE, max_tokens=1000)
+    idle = entry(Priority.IDLE, max_tokens=1000)
+    sched.add(bronze)
+    sched.add(idle)
+    for _ in range(50):
+        ids = tokens_by_request(step(sched))
+        assert bronze.request_id in ids
+        assert idle.request_id in ids
+    assert bronze.generated == 50
+
+
+def test_burst_keeps_a_slot_then_yields_it() -> None:
+    cfg = SchedulerConfig(max_batch_seqs=1, min_slice_seqs=0, burst_tokens=5, kv_capacity=100_000)
+    sched = Scheduler(cfg)
+    a, b = entry(name="a", max_tokens=1000), entry(name="b", max_tokens=1000)
+    sched.add(a)
+    sched.add(b)
+    order = ["".join(tokens_by_request(step(sched))) for _ in range(20)]
+    # Runs of exactly burst_tokens steps alternate between the two.
+    runs = [len(list(group)) for _, group in itertools.groupby(order)]
+    assert runs[1:-1] == [5] * len(runs[1:-1])
+    assert set(order) == {"a", "b"}
+
+
+def test_long_prompt_is_chunked_and_other_streams_keep_decoding() -> None:
+    cfg = SchedulerConfig(prefill_chunk=64, max_batch_tokens=256)
+    sched = Scheduler(cfg)
+    talking = entry(Priority.SILVER, prompt=4)
+    sched.add(talking)
+    step(sched)
+    long = entry(Priority.SILVER, prompt=1000)
+    sched.add(long)
+    steps = 0
+    while not long.decoding:
+        out = tokens_by_request(step(sched))
+        steps += 1
+        assert out[talking.request_id] == 1
+        assert out[long.request_id] <= 64
+    assert steps == 16  # ceil(1000 / 64)
+
+
+def test_gold_prompt_is_not_held_to_the_silver_chunk() -> None:
+    sched = Scheduler(SchedulerConfig(prefill_chunk=16, max_batch_tokens=256))
+    gold = entry(Priority.GOLD, prompt=200)
+    sched.add(gold)
+    [chunk] = step(sched).chunks()
+    assert chunk.n_tokens == 200
+    assert chunk.sample
+
+
+def test_token_budget_bounds_every_step() -> None:
+    cfg = SchedulerConfig(prefill_chunk=100, max_batch_tokens=128)
+    sched = Scheduler(cfg)
+    for _ in range(5):
+        sched.add(entry(prompt=300))
+    for _ in range(20):
+        assert step(sched).num_tokens <= 128
+
+
+def test_deadline_already_passed_expires_without_running() -> None:
+    sched = Scheduler()
+    gold = entry(Priority.GOLD, deadline=1.0)
+    sched.add(gold)
+    out = sched.schedule(now=2.0)
+    assert out.expired == [gold.request_id]
+    assert out.num_tokens == 0
+    assert not sched.has_work
+
+
+def test_deadline_that_cannot_be_met_fails_fast_from_measured_speed() -> None:
+    sched = Scheduler()
+    warm = entry(prompt=100, max_tokens=1)
+    sched.add(warm)
+    out = sched.schedule(0.0)
+    sched.update(out, finished=[warm.request_id], step_seconds=1.0)  # 10 ms per token
+    # 500 prompt tokens need about 5 s; the deadline is 1 s away: fail now, not in 1 s.
+    gold = entry(Priority.GOLD, prompt=500, deadline=11.0)
+    sched.add(gold)
+    assert sched.schedule(now=10.0).expired == [gold.request_id]
+    # A short prompt with the same deadline runs.
+    quick = entry(Priority.GOLD, prompt=20, deadline=11.0)
+    sched.add(quick)
+    out = sched.schedule(now=10.0)
+    assert out.expired == []
+    assert quick.request_id in tokens_by_request(out)
+
+
+def test_deadline_passing_mid_generation_expires_the_running_request() -> None:
+    sched = Scheduler()
+    gold = entry(Priority.GOLD, deadline=5.0)
+    sched.add(gold)
+    step(sched, now=0.0)
+    step(sched, now=1.0)
+    assert sched.schedule(now=5.5).expired == [gold.request_id]
+
+
+def test_waiting_queue_is_bounded_with_overloaded() -> None:
+    cfg = SchedulerConfig(max_waiting=3)
+    sched = Scheduler(cfg)
+    for _ in range(3):
+        sched.add(entry())
+    with pytest.raises(Overloaded) as info:
+        sched.add(entry())
+    assert info.value.retryable
+    step(sched)  # admission frees the queue
+    sched.add(entry())
+
+
+def test_admission_respects_kv_budget_and_keeps_a_reserve_for_gold() -> None:
+    cfg = SchedulerConfig(kv_capacity=1000, gold_kv_reserve=200)
+    sched = Scheduler(cfg)
+    a = entry(prompt=100, max_tokens=300)  # 400 cells
+    b = entry(prompt=100, max_tokens=300)  # 400: would reach 800 = limit for non-gold
+    c = entry(prompt=100, max_tokens=300)
+    for e in (a, b, c):
+        sched.add(e)
+    out = step(sched)
+    assert out.admitted == [a.request_id, b.request_id]
+    assert sched.kv_reserved == 800
+    gold = entry(Priority.GOLD, prompt=50, max_tokens=100)
+    sched.add(gold)
+    assert step(sched).admitted == [gold.request_id]
+    sched.remove(a.request_id)
+    assert step(sched).admitted == []  # 400 + 150 gold + 400 would pass the non-gold limit
+    sched.remove(gold.request_id)
+    assert step(sched).admitted == [c.request_id]
+
+
+def test_blocked_higher_class_is_not_overtaken_by_smaller_lower_class_requests() -> None:
+    cfg = SchedulerConfig(kv_capacity=1000, gold_kv_reserve=100)
+    sched = Scheduler(cfg)
+    sched.add(entry(Priority.SILVER, prompt=100, max_tokens=500))  # 600 running
+    step(sched)
+    big = entry(Priority.SPEAKING, prompt=100, max_tokens=300)  # 400: does not fit
+    small = entry(Priority.BRONZE, prompt=10, max_tokens=10)  # would fit
+    sched.add(big)
+    sched.add(small)
+    assert step(sched).admitted == []
+
+
+def test_request_that_can_never_fit_is_refused_at_add() -> None:
+    sched = Scheduler(SchedulerConfig(kv_capacity=1000, gold_kv_reserve=100))
+    with pytest.raises(ValueError, match="KV cells"):
+        sched.add(entry(prompt=900, max_tokens=100))
+
+
+def test_sequences_are_grouped_by_adapter_set_with_gold_in_its_own_group_first() -> None:
+    sched = Scheduler()
+    vamp = (("vampire", 1.0),)
+    wolf = (("werewolf", 0.5),)
+    sched.add(entry(Priority.SILVER, adapters=vamp))
+    sched.add(entry(Priority.SILVER, adapters=wolf))
+    sched.add(entry(Priority.SILVER, adapters=vamp))
+    sched.add(entry(Priority.SILVER))
+    sched.add(entry(Priority.GOLD, adapters=wolf))
+    out = step(sched)
+    assert out.batches[0].gold
+    assert out.batches[0].adapter_key == wolf
+    assert [b.gold for b in out.batches[1:]] == [False, False, False]
+    sizes = {batch.adapter_key: len(batch.chunks) for batch in out.batches[1:]}
+    assert sizes == {wolf: 1, vamp: 2, (): 1}
+
+
+def test_finished_and_removed_requests_release_their_reservation() -> None:
+    sched = Scheduler()
+    a, b = entry(), entry()
+    sched.add(a)
+    sched.add(b)
+    out = sched.schedule(0.0)
+    sched.update(out, finished=[a.request_id], step_seconds=0.01)
+    assert sched.kv_reserved == b.kv_cells
+    assert sched.remove(b.request_id) is b
+    assert sched.kv_reserved == 0
+    assert not sched.has_work
+    assert sched.remove("unknown") is None
+
+
+def test_duplicate_request_id_is_refused() -> None:
+    sched = Scheduler()
+    sched.add(entry(name="same"))
+    with pytest.raises(ValueError, match="already"):
+        sched.add(entry(name="same"))
+
+
+def test_late_arrival_does_not_get_a_backlog_of_credit() -> None:
+    cfg = SchedulerConfig(max_batch_seqs=1, min_slice_seqs=0, burst_tokens=1, kv_capacity=100_000)
+    sched = Scheduler(cfg)
+    old = entry(name="old", max_tokens=1000)
+    sched.add(old)
+    for _ in range(100):
+        step(sched)
+    new = entry(name="new", max_tokens=1000)
+    sched.add(new)
+    served = Counter("".join(tokens_by_request(step(sched))) for _ in range(40))
+    assert served["old"] == pytest.approx(20, abs=2)
+
+
+def test_max_seq_chunk_caps_every_prompt_chunk_gold_included() -> None:
+    sched = Scheduler(SchedulerConfig(prefill_chunk=64, max_batch_tokens=512, max_seq_chunk=48))
+    gold = entry(Priority.GOLD, prompt=100)
+    silver = entry(Priority.SILVER, prompt=100)
+    sched.add(gold)
+    sched.add(silver)
+    sizes = tokens_by_request(step(sched))
+    assert sizes == {gold.request_id: 48, silver.request_id: 48}
+    sizes = tokens_by_request(step(sched))
+    assert sizes == {gold.request_id: 48, silver.request_id: 48}
+    assert tokens_by_request(step(sched))[gold.request_id] == 4
