@@ -1,0 +1,149 @@
+"""What a model runtime must do for the shared engine: the `Backend` protocol.
+
+The engine owns scheduling, prefix reuse, stop strings, timing and errors; a backend only
+tokenizes, evaluates batches of sequences in its KV memory, samples, and applies adapters. All
+methods are called from the engine's one worker thread, except `tokenize`, `check_grammar` and
+`make_sampler`, which must be safe to call from any thread while a batch is being evaluated.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mythic.engine._chat_format import ChatFormat
+from mythic.engine._errors import EngineError
+from mythic.engine._scheduler import AdapterKey
+
+
+@dataclass(slots=True)
+class Sampling:
+    """How to pick tokens for one request."""
+
+    max_tokens: int = 200
+    temperature: float = 0.7
+    """0 or less: greedy (always the most likely token)."""
+    top_p: float = 0.9
+    top_k: int = 40
+    repeat_penalty: float = 1.1
+    seed: int | None = None
+    """None: the engine's configured seed (`engine.seed`), random when that is -1."""
+    stop: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(slots=True)
+class SequenceChunk:
+    """Tokens to evaluate for one sequence in one decode call."""
+
+    seq_id: int
+    tokens: Sequence[int]
+    pos: int
+    """Position of the first token in the sequence."""
+    logits: bool
+    """Whether the last token's logits are wanted (a token is sampled after it)."""
+
+
+class BackendError(EngineError):
+    """The backend failed to evaluate a batch; the engine fails the step's requests and resets."""
+
+
+class KVCacheFullError(BackendError):
+    """The backend found no room in its KV memory for the batch."""
+
+
+class Backend(ABC):
+    """A model runtime evaluating many sequences in one shared KV memory."""
+
+    name: str
+    chat_format: ChatFormat | None
+    n_ctx: int
+    """KV cells in the memory, all sequences together."""
+    n_ctx_seq: int
+    """Positions one sequence can hold (its context window)."""
+    n_seq_max: int
+    """Sequences the memory can hold at once."""
+    n_batch: int
+    """Tokens one `decode` call can take."""
+    max_seq_chunk: int | None = None
+    """Most tokens of one sequence per decode call for exact, batch-invariant results
+    (None: any)."""
+
+    @abstractmethod
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Text to token ids; `parse_special` reads control tokens written as text."""
+
+    @abstractmethod
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for in generated text (control tokens: empty)."""
+
+    @abstractmethod
+    def is_end_of_generation(self, token: int) -> bool:
+        """Whether the token ends a reply (end of turn, end of text)."""
+
+    @abstractmethod
+    def json_schema_grammar(self, schema: str) -> str:
+        """A GBNF grammar accepting exactly the JSON documents valid under a JSON schema.
+
+        Raises:
+            GrammarError: the schema is not valid JSON or uses what the converter cannot do.
+        """
+
+    @abstractmethod
+    def check_grammar(self, gbnf: str) -> None:
+        """Raise `GrammarError` when a GBNF grammar does not parse."""
+
+    @abstractmethod
+    def make_sampler(self, sampling: Sampling, seed: int, grammar: str | None) -> object:
+        """A sampler chain for one request (penalties, grammar, top-k/p, temperature, seed)."""
+
+    @abstractmethod
+    def free_sampler(self, sampler: object) -> None:
+        """Release a sampler from `make_sampler`."""
+
+    @abstractmethod
+    def decode(self, chunks: Sequence[SequenceChunk]) -> list[int]:
+        """Evaluate the chunks in one call; returns, per chunk, the output index to sample from
+        (-1 for chunks without logits).
+
+        Raises:
+            KVCacheFullError: no room for the batch; nothing was evaluated.
+            BackendError: the evaluation failed.
+        """
+
+    @abstractmethod
+    def sample(self, sampler: object, output_index: int) -> int:
+        """Sample (and accept) the next token from one output of the last `decode`."""
+
+    @abstractmethod
+    def seq_remove(self, seq_id: int, start: int = 0) -> None:
+        """Forget a sequence's cells from position `start` on."""
+
+    @abstractmethod
+    def seq_copy(self, src: int, dst: int, length: int) -> None:
+        """Make `dst` share `src`'s first `length` positions (no recomputation)."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Forget every sequence (after a failure)."""
+
+    @property
+    @abstractmethod
+    def adapters(self) -> frozenset[str]:
+        """Names of the loaded LoRA adapters."""
+
+    @abstractmethod
+    def load_adapter(self, name: str, path: str) -> None:
+        """Load a LoRA adapter once, under a name requests use.
+
+        Raises:
+            AdapterError: the file is missing or is not an adapter for this model.
+        """
+
+    @abstractmethod
+    def set_adapters(self, key: AdapterKey) -> bool:
+        """Apply an adapter set to the following decode calls; True if it changed."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free the model and its memory."""

@@ -1,0 +1,196 @@
+"""Which sequence of the shared KV memory holds what: NPC sessions and shared prefixes.
+
+A session's sequence survives between its turns, so a follow-up evaluates only its new tokens.
+A persona/archetype prefix evaluated once is kept in a sequence of its own and copied into new
+sessions (`seq_copy` shares cells, nothing is recomputed). Entries are keyed by adapter set:
+KV computed under one set of adapters is never reused under another. Idle entries are evicted
+least recently used first, when a sequence id or KV cells are needed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from mythic.engine._backend import Backend
+from mythic.engine._scheduler import AdapterKey
+
+SessionKey = tuple[str, str]
+
+
+@dataclass(slots=True)
+class CachedSequence:
+    seq_id: int
+    adapter_key: AdapterKey
+    session: SessionKey | None
+    """None: a shared prefix."""
+    tokens: list[int] = field(default_factory=list)
+    """Tokens held in the KV memory, at positions 0..len-1."""
+    busy: bool = False
+
+
+@dataclass(slots=True)
+class Acquired:
+    seq: CachedSequence
+    cached: int
+    """Leading prompt tokens already in the sequence."""
+    source: str
+    """"session", "prefix" or "none"."""
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class SequenceCache:
+    """Owns the backend's sequence ids. Used only from the engine's worker thread."""
+
+    def __init__(self, backend: Backend, n_seq: int, prefix_min_tokens: int) -> None:
+        self._backend = backend
+        self._n_seq = n_seq
+        self.prefix_min_tokens = prefix_min_tokens
+        self._free = list(range(n_seq - 1, -1, -1))
+        self._sessions: dict[SessionKey, CachedSequence] = {}
+        self._prefixes: list[CachedSequence] = []
+        self._idle: OrderedDict[int, CachedSequence] = OrderedDict()
+        self._idle_cells = 0
+        self.evictions = 0
+
+    @property
+    def idle_cells(self) -> int:
+        """Cells held by idle entries (shared cells counted once per entry: an upper bound).
+
+        A plain counter, so `Engine.metrics()` may read it from any thread."""
+        return self._idle_cells
+
+    @property
+    def num_idle(self) -> int:
+        return len(self._idle)
+
+    def acquire(self, session: SessionKey, adapter_key: AdapterKey, prompt: list[int]) -> Acquired:
+        """A sequence for a new request, holding as much of `prompt` as the cache has.
+
+        At least the last prompt token is left to evaluate, so the request gets logits.
+        """
+        limit = len(prompt) - 1
+        own = self._sessions.get(session)
+        if own is not None and not own.busy:
+            if own.adapter_key == adapter_key:
+                cached = min(common_prefix(own.tokens, prompt), limit)
+                self._take(own)
+                self._truncate(own, cached)
+                return Acquired(own, cached, "session" if cached else "none")
+            self._drop(own)
+        seq = CachedSequence(self._new_id(), adapter_key, session, busy=True)
+        best, best_len = None, 0
+        for prefix in self._prefixes:
+            if prefix.adapter_key != adapter_key:
+                continue
+            n = common_prefix(prefix.tokens, prompt)
+            if n > best_len:
+                best, best_len = prefix, n
+        cached = min(best_len, limit)
+        if best is not None and cached >= self.prefix_min_tokens:
+            self._backend.seq_copy(best.seq_id, seq.seq_id, cached)
+            seq.tokens = prompt[:cached]
+            if best.seq_id in self._idle:
+                self._idle.move_to_end(best.seq_id)
+            return Acquired(seq, cached, "prefix")
+        return Acquired(seq, 0, "none")
+
+    def share_prefix(self, seq: CachedSequence, length: int) -> bool:
+        """Keep `seq`'s first `length` tokens as a prefix other sessions can copy.
+
+        Returns False when the prefix is already cached or no sequence id is free.
+        """
+        if length < self.prefix_min_tokens or length > len(seq.tokens):
+            return False
+        tokens = seq.tokens[:length]
+        for prefix in self._prefixes:
+            if prefix.adapter_key == seq.adapter_key and prefix.tokens == tokens:
+                return False
+        if not self._free and not self._idle:
+            return False
+        prefix = CachedSequence(self._new_id(), seq.adapter_key, None, tokens)
+        self._backend.seq_copy(seq.seq_id, prefix.seq_id, length)
+        self._prefixes.append(prefix)
+        self._make_idle(prefix)
+        return True
+
+    def release(self, seq: CachedSequence, keep: int | None = None) -> None:
+        """A request is done with `seq`: keep it (or its first `keep` tokens) for the session."""
+        if keep is not None:
+            self._truncate(seq, keep)
+        seq.busy = False
+        assert seq.session is not None
+        current = self._sessions.get(seq.session)
+        if current is not None and current is not seq:
+            if current.busy:
+                # Another turn of the same session is still running; it will own the session.
+                self._drop(seq)
+                return
+            self._drop(current)
+        self._sessions[seq.session] = seq
+        self._make_idle(seq)
+
+    def discard(self, seq: CachedSequence) -> None:
+        """Forget a sequence whose contents cannot be trusted (failed mid-evaluation)."""
+        self._drop(seq)
+
+    def evict(self, max_idle_cells: int) -> int:
+        """Evict least recently used idle entries until they hold at most `max_idle_cells`."""
+        evicted = 0
+        while self._idle and self._idle_cells > max(max_idle_cells, 0):
+            seq = next(iter(self._idle.values()))
+            self._drop(seq)
+            evicted += 1
+        return evicted
+
+    def reset(self) -> None:
+        """Forget everything (the backend's memory was cleared)."""
+        self._free = list(range(self._n_seq - 1, -1, -1))
+        self._sessions.clear()
+        self._prefixes.clear()
+        self._idle.clear()
+        self._idle_cells = 0
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _new_id(self) -> int:
+        if not self._free:
+            if not self._idle:
+                raise RuntimeError("every sequence is busy; the scheduler admitted too many")
+            self._drop(next(iter(self._idle.values())))
+        return self._free.pop()
+
+    def _make_idle(self, seq: CachedSequence) -> None:
+        self._idle[seq.seq_id] = seq
+        self._idle_cells += len(seq.tokens)
+
+    def _unidle(self, seq: CachedSequence) -> None:
+        if self._idle.pop(seq.seq_id, None) is not None:
+            self._idle_cells -= len(seq.tokens)
+
+    def _take(self, seq: CachedSequence) -> None:
+        self._unidle(seq)
+        seq.busy = True
+
+    def _truncate(self, seq: CachedSequence, length: int) -> None:
+        if length < len(seq.tokens):
+            self._backend.seq_remove(seq.seq_id, length)
+            del seq.tokens[length:]
+
+    def _drop(self, seq: CachedSequence) -> None:
+        self._unidle(seq)
+        if seq.session is not None and self._sessions.get(seq.session) is seq:
+            del self._sessions[seq.session]
+        if seq.session is None and seq in self._prefixes:
+            self._prefixes.remove(seq)
+        self._backend.seq_remove(seq.seq_id, 0)
+        seq.tokens.clear()
+        self._free.append(seq.seq_id)
+        self.evictions += 1

@@ -1,0 +1,139 @@
+"""Which sequence holds what: session reuse, shared prefixes, adapter isolation, eviction.
+
+The backend here records sequence operations; the cache's decisions are under test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mythic.engine._kvcache import SequenceCache
+
+pytestmark = pytest.mark.unit
+
+
+class SeqRecorder:
+    """The sequence operations a backend would perform, as lists of positions per sequence."""
+
+    def __init__(self) -> None:
+        self.cells: dict[int, int] = {}
+        self.ops: list[tuple[str, int, int, int]] = []
+
+    def seq_remove(self, seq_id: int, start: int = 0) -> None:
+        self.ops.append(("rm", seq_id, start, -1))
+        self.cells[seq_id] = min(self.cells.get(seq_id, 0), start)
+
+    def seq_copy(self, src: int, dst: int, length: int) -> None:
+        self.ops.append(("cp", src, dst, length))
+        self.cells[dst] = length
+
+
+PROMPT = list(range(100))
+SYSTEM = 40
+
+
+def cache(n_seq: int = 4) -> tuple[SequenceCache, SeqRecorder]:
+    recorder = SeqRecorder()
+    return SequenceCache(recorder, n_seq, prefix_min_tokens=8), recorder  # type: ignore[arg-type]
+
+
+def evaluated(seq_cache: SequenceCache, got: object, tokens: list[int]) -> None:
+    """What the engine does after evaluating a prompt: the sequence holds its tokens."""
+    got.seq.tokens = list(tokens)  # type: ignore[attr-defined]
+
+
+def test_a_follow_up_turn_reuses_its_session_up_to_the_common_prefix() -> None:
+    c, rec = cache()
+    first = c.acquire(("marla", "s"), (), PROMPT)
+    assert (first.cached, first.source) == (0, "none")
+    evaluated(c, first, [*PROMPT, 500, 501])
+    c.release(first.seq)
+    follow = [*PROMPT, 500, 777, 778]
+    again = c.acquire(("marla", "s"), (), follow)
+    assert again.seq is first.seq
+    assert again.cached == 101
+    assert ("rm", first.seq.seq_id, 101, -1) in rec.ops  # the diverging tail is dropped
+
+
+def test_the_last_prompt_token_is_always_left_to_evaluate() -> None:
+    c, _ = cache()
+    first = c.acquire(("marla", "s"), (), PROMPT)
+    evaluated(c, first, PROMPT)
+    c.release(first.seq)
+    assert c.acquire(("marla", "s"), (), PROMPT).cached == len(PROMPT) - 1
+
+
+def test_a_shared_prefix_is_copied_into_new_sessions() -> None:
+    c, rec = cache()
+    a = c.acquire(("a", "s"), (), PROMPT)
+    evaluated(c, a, PROMPT)
+    assert c.share_prefix(a.seq, SYSTEM)
+    assert not c.share_prefix(a.seq, SYSTEM)  # already cached
+    other = [*PROMPT[:SYSTEM], 900, 901, 902]
+    b = c.acquire(("b", "s"), (), other)
+    assert (b.cached, b.source) == (SYSTEM, "prefix")
+    assert rec.ops[-1][0] == "cp" and rec.ops[-1][2:] == (b.seq.seq_id, SYSTEM)
+
+
+def test_kv_made_under_one_adapter_set_is_never_reused_under_another() -> None:
+    c, _ = cache()
+    vampire = (("vampire", 1.0),)
+    a = c.acquire(("a", "s"), vampire, PROMPT)
+    evaluated(c, a, PROMPT)
+    c.share_prefix(a.seq, SYSTEM)
+    c.release(a.seq)
+    # Same session, other adapters: nothing reused, the old sequence is dropped.
+    again = c.acquire(("a", "s"), (), PROMPT)
+    assert again.cached == 0
+    assert again.seq is not a.seq
+    # A new session under the base model does not get the vampire prefix either.
+    assert c.acquire(("b", "s"), (), PROMPT).cached == 0
+    assert c.acquire(("c", "s"), vampire, PROMPT).source == "prefix"
+
+
+def test_idle_sequences_are_evicted_least_recently_used_first() -> None:
+    c, _ = cache(n_seq=3)
+    seqs = []
+    for name in ("a", "b", "c"):
+        got = c.acquire((name, "s"), (), [ord(name), *PROMPT])
+        evaluated(c, got, [ord(name), *PROMPT])
+        c.release(got.seq)
+        seqs.append(got.seq)
+    # A fourth session needs a sequence: "a", the least recently used, goes.
+    d = c.acquire(("d", "s"), (), PROMPT)
+    assert d.seq.seq_id == seqs[0].seq_id
+    assert c.acquire(("a", "s"), (), [ord("a"), *PROMPT]).cached == 0
+    assert c.evictions >= 1
+
+
+def test_eviction_by_cells_keeps_the_idle_total_under_the_budget() -> None:
+    c, _ = cache(n_seq=8)
+    for name in "abcd":
+        got = c.acquire((name, "s"), (), PROMPT)
+        evaluated(c, got, PROMPT)
+        c.release(got.seq)
+    assert c.idle_cells == 400
+    c.evict(250)
+    assert c.idle_cells <= 250
+    assert c.num_idle == 2
+
+
+def test_when_every_sequence_is_busy_acquire_refuses() -> None:
+    c, _ = cache(n_seq=2)
+    c.acquire(("a", "s"), (), PROMPT)
+    c.acquire(("b", "s"), (), PROMPT)
+    with pytest.raises(RuntimeError, match="busy"):
+        c.acquire(("c", "s"), (), PROMPT)
+
+
+def test_two_turns_of_one_session_at_once_leave_one_owner() -> None:
+    c, _ = cache()
+    one = c.acquire(("a", "s"), (), PROMPT)
+    two = c.acquire(("a", "s"), (), PROMPT)  # the first is busy: a second sequence
+    assert one.seq is not two.seq
+    evaluated(c, one, PROMPT)
+    evaluated(c, two, PROMPT)
+    c.release(two.seq)
+    c.release(one.seq)
+    assert c.num_idle == 1
+    assert c.acquire(("a", "s"), (), PROMPT).cached == len(PROMPT) - 1
