@@ -1,19 +1,51 @@
 """The model runtime: packaged models, chat formats, and the embedded llama.cpp backend.
 
-Importing this package loads neither llama.cpp nor a model; `LlamaCppModel.load` does.
+Importing this package loads neither llama.cpp nor a model; `Engine.load` does.
 """
 
+from mythic.engine._backend import Backend, BackendError, KVCacheFullError, Sampling, SequenceChunk
 from mythic.engine._chat_format import ChatFormat, ChatMessage
+from mythic.engine._engine import Engine, EngineConfig, EngineMetrics
 from mythic.engine._errors import (
+    AdapterError,
+    ContextOverflowError,
+    DeadlineExceeded,
+    EngineClosedError,
+    EngineError,
+    GrammarError,
+    InvalidRequestError,
     ModelError,
     ModelIntegrityError,
     ModelLoadError,
     ModelNotInstalledError,
     NotAGGUFError,
+    Overloaded,
+    RequestCancelled,
+    RequestError,
+    UnknownAdapterError,
     UnknownModelError,
 )
 from mythic.engine._gguf import GGUFInfo, read_gguf_info
-from mythic.engine._llamacpp import LlamaCppModel, Sampling, load_model
+from mythic.engine._llamacpp import LlamaCppBackend, load_backend
+from mythic.engine._request import (
+    Completion,
+    Delta,
+    FinishReason,
+    GenerationRequest,
+    RequestStream,
+    SyncRequestStream,
+    Timing,
+)
+from mythic.engine._scheduler import (
+    AdapterKey,
+    Priority,
+    ScheduledBatch,
+    ScheduledChunk,
+    ScheduledEntry,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
 from mythic.engine.models import (
     PACKAGED_MODELS,
     ModelStore,
@@ -24,21 +56,54 @@ from mythic.engine.models import (
 
 __all__ = [
     "PACKAGED_MODELS",
+    "AdapterError",
+    "AdapterKey",
+    "Backend",
+    "BackendError",
     "ChatFormat",
     "ChatMessage",
+    "Completion",
+    "ContextOverflowError",
+    "DeadlineExceeded",
+    "Delta",
+    "Engine",
+    "EngineClosedError",
+    "EngineConfig",
+    "EngineError",
+    "EngineMetrics",
+    "FinishReason",
     "GGUFInfo",
-    "LlamaCppModel",
+    "GenerationRequest",
+    "GrammarError",
+    "InvalidRequestError",
+    "KVCacheFullError",
+    "LlamaCppBackend",
     "ModelError",
     "ModelIntegrityError",
     "ModelLoadError",
     "ModelNotInstalledError",
     "ModelStore",
     "NotAGGUFError",
+    "Overloaded",
     "PackagedModel",
+    "Priority",
+    "RequestCancelled",
+    "RequestError",
+    "RequestStream",
     "ResolvedModel",
     "Sampling",
+    "ScheduledBatch",
+    "ScheduledChunk",
+    "ScheduledEntry",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "SequenceChunk",
+    "SyncRequestStream",
+    "Timing",
+    "UnknownAdapterError",
     "UnknownModelError",
-    "load_model",
+    "load_backend",
     "packaged_model",
     "read_gguf_info",
 ]

@@ -49,36 +49,53 @@ class ChatFormat(StrEnum):
 
     def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
         """Render `messages` into a prompt; with `add_generation_prompt`, open the reply turn."""
+        segments = self.render_segments(messages, add_generation_prompt=add_generation_prompt)
+        return "".join(text for text, _ in segments)
+
+    def render_segments(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+    ) -> list[tuple[str, bool]]:
+        """The prompt as (text, is_template) pieces.
+
+        Template pieces hold the format's control tokens; the others are message contents, which
+        the engine tokenizes without reading control tokens, so a player who types
+        `<|im_end|>` cannot close the NPC's turn or forge a system message.
+        """
         if self is ChatFormat.CHATML:
-            parts = [f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in messages]
+            parts: list[tuple[str, bool]] = []
+            for m in messages:
+                parts += [(f"<|im_start|>{m.role}\n", True), (m.content, False)]
+                parts.append(("<|im_end|>\n", True))
             if add_generation_prompt:
-                parts.append("<|im_start|>assistant\n")
-            return "".join(parts)
+                parts.append(("<|im_start|>assistant\n", True))
+            return parts
         if self is ChatFormat.LLAMA3:
-            parts = ["<|begin_of_text|>"]
-            parts += [
-                f"<|start_header_id|>{m.role}<|end_header_id|>\n\n{m.content}<|eot_id|>"
-                for m in messages
-            ]
+            parts = [("<|begin_of_text|>", True)]
+            for m in messages:
+                parts.append((f"<|start_header_id|>{m.role}<|end_header_id|>\n\n", True))
+                parts += [(m.content, False), ("<|eot_id|>", True)]
             if add_generation_prompt:
-                parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
-            return "".join(parts)
+                parts.append(("<|start_header_id|>assistant<|end_header_id|>\n\n", True))
+            return parts
         return _render_gemma(messages, add_generation_prompt)
 
 
-def _render_gemma(messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
+def _render_gemma(
+    messages: Sequence[ChatMessage], add_generation_prompt: bool
+) -> list[tuple[str, bool]]:
     # Gemma has no system role: its template prepends the system text to the first user turn.
     system = "\n\n".join(m.content for m in messages if m.role == "system")
-    parts = ["<bos>"]
+    parts = [("<bos>", True)]
     for m in (m for m in messages if m.role != "system"):
         content = m.content
         if system and m.role == "user":
             content, system = f"{system}\n\n{content}", ""
         role = "model" if m.role == "assistant" else "user"
-        parts.append(f"<start_of_turn>{role}\n{content}<end_of_turn>\n")
+        parts += [(f"<start_of_turn>{role}\n", True), (content, False)]
+        parts.append(("<end_of_turn>\n", True))
     if add_generation_prompt:
-        parts.append("<start_of_turn>model\n")
-    return "".join(parts)
+        parts.append(("<start_of_turn>model\n", True))
+    return parts
 
 
 _STOPS: dict[ChatFormat, tuple[str, ...]] = {

@@ -27,3 +27,55 @@ class NotAGGUFError(ModelError):
 
 class ModelLoadError(ModelError):
     """llama.cpp refused to load a file that passed the checks (unsupported architecture...)."""
+
+
+class RequestError(MythicError):
+    """One generation request was refused or failed; the engine itself is fine."""
+
+
+class InvalidRequestError(RequestError):
+    """The request is malformed: no prompt, bad sampling values, an empty stop string..."""
+
+
+class ContextOverflowError(InvalidRequestError):
+    """The prompt does not fit the model's context and the overflow policy is `error`."""
+
+
+class GrammarError(InvalidRequestError):
+    """A JSON schema or GBNF grammar could not be converted or parsed."""
+
+
+class UnknownAdapterError(InvalidRequestError):
+    """The request names a LoRA adapter the engine has not loaded."""
+
+
+class AdapterError(MythicError):
+    """A LoRA adapter file could not be loaded (missing, not a GGUF adapter, wrong base model)."""
+
+
+class Overloaded(RequestError):  # noqa: N818 - the name is the condition the caller handles
+    """The engine's queue is full: the request was refused rather than answered late."""
+
+    retryable = True
+
+
+class DeadlineExceeded(RequestError):  # noqa: N818 - the name is the condition the caller handles
+    """The request could not finish before its deadline; use the fallback line now."""
+
+    retryable = True
+
+
+class RequestCancelled(RequestError):  # noqa: N818 - the name is the condition the caller handles
+    """The request was cancelled (barge-in) before it finished."""
+
+
+class EngineError(MythicError):
+    """The backend failed while this request was in flight; the engine has recovered."""
+
+    retryable = True
+
+
+class EngineClosedError(EngineError):
+    """The engine was closed; it accepts no more requests."""
+
+    retryable = False

@@ -1,122 +1,342 @@
-"""A model loaded in-process by llama.cpp, serving one request at a time.
+"""The embedded llama.cpp backend, on llama-cpp-python's low-level API.
 
-This is the thin first path (one NPC, one stream). The shared multi-NPC engine with continuous
-batching replaces the generation loop; loading and the checks before it stay.
+One context with a unified KV memory holds a sequence per active NPC session; one
+`llama_decode` evaluates every scheduled sequence of an adapter group; each request has its own
+sampler chain (with its own grammar). The high-level `Llama` class serves one request at a time
+and its prefix reuse ignores adapters, so it is not used here.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
-import random
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 from mythic._extras import require
 from mythic.config import EngineSettings
-from mythic.engine._errors import ModelLoadError
+from mythic.engine._backend import (
+    Backend,
+    BackendError,
+    KVCacheFullError,
+    Sampling,
+    SequenceChunk,
+)
+from mythic.engine._errors import AdapterError, GrammarError, ModelLoadError
+from mythic.engine._scheduler import AdapterKey
 from mythic.engine.models import ModelStore, ResolvedModel
 
+_init_lock = threading.Lock()
+_initialised = False
 
-@dataclass(slots=True)
-class Sampling:
-    """How to pick tokens for one request."""
+INVARIANT_MAX_SEQ_CHUNK = 48
+"""Rows of one sequence per decode call in batch-invariant mode (must stay below 64)."""
 
-    max_tokens: int = 200
-    temperature: float = 0.7
-    top_p: float = 0.9
-    top_k: int = 40
-    repeat_penalty: float = 1.1
-    seed: int | None = None
-    """None: the model's configured seed (`engine.seed`), random when that is -1."""
-    stop: tuple[str, ...] = field(default_factory=tuple)
+PENALTY_LAST_N = 64
+"""Tokens the repeat penalty looks back over (llama.cpp's default)."""
 
 
-class LlamaCppModel:
-    """A GGUF model loaded by llama-cpp-python. Not thread-safe: one stream at a time."""
+def _llama_cpp() -> Any:
+    global _initialised
+    lib = require("llama_cpp", package="llama-cpp-python", extra="llm")
+    with _init_lock:
+        if not _initialised:
+            # llama.cpp logs every load to stderr; keep errors only, through Python logging.
+            logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+            lib.llama_backend_init()
+            _initialised = True
+    return lib
 
-    def __init__(self, resolved: ResolvedModel, llama: Any, *, seed: int = -1) -> None:
-        self.resolved = resolved
-        self._llama = llama
-        self._seed = seed
 
-    @classmethod
-    def load(
-        cls,
+class LlamaCppBackend(Backend):
+    """A GGUF model in one llama.cpp context shared by many sequences."""
+
+    def __init__(
+        self,
         resolved: ResolvedModel,
         *,
         n_ctx: int = 4096,
+        n_seq_max: int = 64,
+        n_batch: int = 512,
         n_threads: int | None = None,
         n_gpu_layers: int = 0,
-        seed: int = -1,
-    ) -> LlamaCppModel:
+        batch_invariant: bool = True,
+    ) -> None:
         """Load a resolved model file.
+
+        `n_ctx` is the context of one sequence; KV memory for `n_ctx * n_seq_max` cells is
+        reserved. With `batch_invariant` (the default) every sequence has a KV stream of its
+        own and the kernels are chosen so that a sequence's logits do not depend on what else
+        shares its batch: greedy replies are reproducible whatever the load (measured, and
+        tested). Without it the sequences share one unified memory (prefix copies share cells
+        instead of copying them) and llama.cpp picks its fastest kernels; outputs can then
+        differ at near-ties.
 
         Raises:
             MissingExtraError: llama-cpp-python is not installed (the `llm` extra).
-            ModelLoadError: llama.cpp could not load the file.
+            ModelLoadError: llama.cpp could not load the file or create its context.
         """
-        llama_cpp = require("llama_cpp", package="llama-cpp-python", extra="llm")
-        if resolved.context_length:
-            n_ctx = min(n_ctx, resolved.context_length)
-        threads = n_threads or os.cpu_count() or 1
-        kwargs: dict[str, Any] = {
-            "model_path": str(resolved.path),
-            "n_ctx": n_ctx,
-            "n_threads": threads,
-            "n_threads_batch": threads,
-            "n_gpu_layers": n_gpu_layers,
-            "verbose": False,
-        }
-        try:
-            llama = llama_cpp.Llama(**kwargs)
-        except (ValueError, RuntimeError) as exc:
+        lib = _llama_cpp()
+        self._lib = lib
+        self.resolved = resolved
+        self.name = resolved.name
+        self.chat_format = resolved.chat_format
+        mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers
+        if batch_invariant:
+            # Repacked weights use one kernel for a single row and another for many, so a
+            # reply would depend on how many other NPCs shared its batch.
+            mparams.use_extra_bufts = False
+        self._model = lib.llama_model_load_from_file(str(resolved.path).encode(), mparams)
+        if not self._model:
             raise ModelLoadError(
-                f"llama.cpp could not load {resolved.path}: {exc}",
+                f"llama.cpp could not load {resolved.path}",
                 fix="check that the file is a complete GGUF model of an architecture this "
                 "llama-cpp-python supports",
+            )
+        threads = n_threads or os.cpu_count() or 1
+        if resolved.context_length:
+            n_ctx = min(n_ctx, resolved.context_length)
+        self.unified = not batch_invariant
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = n_ctx * n_seq_max
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        # Own streams keep each sequence's cells in order from cell 0, the same layout as when
+        # it runs alone; attention then sums the same numbers in the same order.
+        cparams.kv_unified = self.unified
+        cparams.no_perf = True
+        if batch_invariant:
+            # Flash attention skips masked cells, so other sequences' cells change nothing;
+            # the unfused path sums over them in SIMD lanes that shift with the layout.
+            cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise ModelLoadError(
+                f"llama.cpp could not create a context of {n_ctx} cells for {n_seq_max} "
+                f"sequences on {resolved.path}",
+                fix="lower engine.n_ctx or engine.max_sequences",
+            )
+        self._vocab = lib.llama_model_get_vocab(self._model)
+        self._memory = lib.llama_get_memory(self._ctx)
+        self.n_ctx = int(lib.llama_n_ctx(self._ctx))
+        # Unified memory lets one sequence grow past its share; the context window promised
+        # to each NPC stays `n_ctx` either way.
+        self.n_ctx_seq = min(n_ctx, int(lib.llama_n_ctx_seq(self._ctx)))
+        self.n_seq_max = int(lib.llama_n_seq_max(self._ctx))
+        self.n_batch = int(lib.llama_n_batch(self._ctx))
+        # Measured: 64 or more rows of one sequence in one call take another attention path
+        # whose sums differ from the one-row path; below that, any split of a prompt gives
+        # bit-identical logits (so prefix copies and chunking change nothing).
+        self.max_seq_chunk = INVARIANT_MAX_SEQ_CHUNK if batch_invariant else None
+        self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
+        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self._pieces: dict[int, bytes] = {}
+        self._adapters: dict[str, Any] = {}
+        self._adapter_key: AdapterKey = ()
+        self._closed = False
+
+    # -- vocabulary (any thread) ---------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (self._lib.llama_token * capacity)()
+        n = self._lib.llama_tokenize(
+            self._vocab, data, len(data), buf, capacity, add_special, parse_special
+        )
+        if n < 0:
+            capacity = -n
+            buf = (self._lib.llama_token * capacity)()
+            n = self._lib.llama_tokenize(
+                self._vocab, data, len(data), buf, capacity, add_special, parse_special
+            )
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self._lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
+
+    def json_schema_grammar(self, schema: str) -> str:
+        grammar_module = require("llama_cpp.llama_grammar", package="llama-cpp-python", extra="llm")
+        try:
+            gbnf = str(grammar_module.json_schema_to_gbnf(schema))
+        except (
+            AssertionError,  # the converter asserts on unresolvable $refs
+            AttributeError,
+            LookupError,
+            RecursionError,
+            TypeError,
+            ValueError,
+        ) as exc:
+            raise GrammarError(
+                f"the JSON schema cannot be turned into a grammar: {exc!r}",
+                fix="pass a valid JSON schema object (types, properties, enum, required...)",
             ) from exc
-        return cls(resolved, llama, seed=seed)
+        # This converter lets raw control characters into strings, which JSON forbids: a
+        # newline inside "say" would make the reply unparseable. Allow only escaped ones.
+        return gbnf.replace('char ::= [^"\\\\] |', 'char ::= [^"\\\\\\x00-\\x1F\\x7F] |')
+
+    def check_grammar(self, gbnf: str) -> None:
+        sampler = self._grammar_sampler(gbnf)
+        self._lib.llama_sampler_free(sampler)
+
+    def _grammar_sampler(self, gbnf: str) -> Any:
+        sampler = self._lib.llama_sampler_init_grammar(self._vocab, gbnf.encode(), b"root")
+        if not sampler:
+            raise GrammarError(
+                "the grammar does not parse (llama.cpp's GBNF parser refused it)",
+                fix="check the GBNF syntax and that it defines a `root` rule",
+            )
+        return sampler
+
+    def make_sampler(self, sampling: Sampling, seed: int, grammar: str | None) -> object:
+        lib = self._lib
+        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        # The grammar goes first so that later samplers only ever see tokens it allows.
+        if grammar is not None:
+            lib.llama_sampler_chain_add(chain, self._grammar_sampler(grammar))
+        if sampling.repeat_penalty != 1.0:
+            lib.llama_sampler_chain_add(
+                chain,
+                lib.llama_sampler_init_penalties(
+                    self.n_vocab, PENALTY_LAST_N, sampling.repeat_penalty, 0.0, 0.0
+                ),
+            )
+        if sampling.temperature <= 0:
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
+        else:
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_k(sampling.top_k))
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_p(sampling.top_p, 1))
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(sampling.temperature))
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(seed))
+        return chain
+
+    def free_sampler(self, sampler: object) -> None:
+        self._lib.llama_sampler_free(sampler)
+
+    # -- evaluation (the engine's worker thread) -----------------------------------------------
+
+    def decode(self, chunks: Sequence[SequenceChunk]) -> list[int]:
+        total = sum(len(chunk.tokens) for chunk in chunks)
+        if not 0 < total <= self.n_batch:
+            raise BackendError(f"a batch of {total} tokens; n_batch is {self.n_batch}")
+        batch = self._batch
+        n = 0
+        outputs: list[int] = []
+        n_outputs = 0
+        for chunk in chunks:
+            for i, token in enumerate(chunk.tokens):
+                batch.token[n] = token
+                batch.pos[n] = chunk.pos + i
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = chunk.seq_id
+                batch.logits[n] = 0
+                n += 1
+            if chunk.logits:
+                batch.logits[n - 1] = 1
+                outputs.append(n - 1)
+                n_outputs += 1
+            else:
+                outputs.append(-1)
+        batch.n_tokens = n
+        rc = self._lib.llama_decode(self._ctx, batch)
+        if rc == 1:
+            raise KVCacheFullError(f"no room in the KV memory for {n} tokens")
+        if rc != 0:
+            raise BackendError(f"llama_decode failed with code {rc} on a batch of {n} tokens")
+        return outputs
+
+    def sample(self, sampler: object, output_index: int) -> int:
+        return int(self._lib.llama_sampler_sample(sampler, self._ctx, output_index))
+
+    def seq_remove(self, seq_id: int, start: int = 0) -> None:
+        self._lib.llama_memory_seq_rm(self._memory, seq_id, start, -1)
+
+    def seq_copy(self, src: int, dst: int, length: int) -> None:
+        if self.unified:
+            self._lib.llama_memory_seq_cp(self._memory, src, dst, 0, length)
+            return
+        # Between streams llama.cpp copies whole buffers only (at the next decode); the tail
+        # beyond `length` is then dropped from the copy.
+        self._lib.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+        self._lib.llama_memory_seq_rm(self._memory, dst, length, -1)
+
+    def seq_length(self, seq_id: int) -> int:
+        """Positions held for a sequence (0 when it holds none)."""
+        return int(self._lib.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
+
+    def clear(self) -> None:
+        self._lib.llama_memory_clear(self._memory, True)
+
+    # -- adapters ------------------------------------------------------------------------------
 
     @property
-    def n_ctx(self) -> int:
-        return int(self._llama.n_ctx())
+    def adapters(self) -> frozenset[str]:
+        return frozenset(self._adapters)
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens that `text` takes in a prompt (special tokens included)."""
-        return len(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+    def load_adapter(self, name: str, path: str) -> None:
+        if name in self._adapters:
+            raise AdapterError(f"an adapter named {name!r} is already loaded")
+        if not os.path.isfile(path):
+            raise AdapterError(f"LoRA adapter {name!r}: no file at {path}")
+        adapter = self._lib.llama_adapter_lora_init(self._model, path.encode())
+        if not adapter:
+            raise AdapterError(
+                f"LoRA adapter {name!r} at {path} could not be loaded",
+                fix="use a GGUF LoRA adapter made for this base model "
+                "(llama.cpp's convert_lora_to_gguf.py converts a PEFT adapter)",
+            )
+        self._adapters[name] = adapter
 
-    def stream(self, prompt: str, sampling: Sampling) -> Iterator[str]:
-        """Generate a completion of `prompt`, yielding text pieces as they are decoded."""
-        kwargs: dict[str, Any] = {
-            "max_tokens": sampling.max_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k,
-            "repeat_penalty": sampling.repeat_penalty,
-            "stop": list(sampling.stop),
-            "stream": True,
-        }
-        # A request without a seed gets the model's seed, or a fresh random one when that is -1:
-        # llama.cpp would otherwise reuse one fixed seed, and every run would say the same thing.
-        seed = sampling.seed if sampling.seed is not None else self._seed
-        kwargs["seed"] = seed if seed >= 0 else random.getrandbits(31)
-        for chunk in self._llama.create_completion(prompt, **kwargs):
-            text = chunk["choices"][0]["text"]
-            if text:
-                yield text
-
-    def reset(self) -> None:
-        """Forget the evaluated prompt, so the next request reuses no cached prefix."""
-        self._llama.reset()
+    def set_adapters(self, key: AdapterKey) -> bool:
+        if key == self._adapter_key:
+            return False
+        lib = self._lib
+        n = len(key)
+        handles = (lib.llama_adapter_lora_p_ctypes * max(n, 1))()
+        scales = (ctypes.c_float * max(n, 1))()
+        for i, (name, scale) in enumerate(key):
+            handles[i] = self._adapters[name]
+            scales[i] = scale
+        rc = lib.llama_set_adapters_lora(self._ctx, handles if n else None, n, scales)
+        if rc != 0:
+            raise BackendError(f"llama.cpp refused the adapter set {key} (code {rc})")
+        self._adapter_key = key
+        return True
 
     def close(self) -> None:
-        """Free the model's memory now rather than at garbage collection."""
-        self._llama.close()
+        if self._closed:
+            return
+        self._closed = True
+        lib = self._lib
+        lib.llama_batch_free(self._batch)
+        lib.llama_free(self._ctx)
+        for adapter in self._adapters.values():
+            lib.llama_adapter_lora_free(adapter)
+        lib.llama_model_free(self._model)
 
 
-def load_model(model: str, settings: EngineSettings) -> LlamaCppModel:
-    """Resolve `model` (a packaged name or a GGUF path), check it, and load it.
+def load_backend(
+    model: str, settings: EngineSettings, *, n_seq_max: int | None = None
+) -> LlamaCppBackend:
+    """Resolve `model` (a packaged name or a GGUF path), check it, and load it for the engine.
 
     Raises:
         ModelError: unknown, not installed, corrupt, not a GGUF, or refused by llama.cpp;
@@ -124,10 +344,12 @@ def load_model(model: str, settings: EngineSettings) -> LlamaCppModel:
         MissingExtraError: llama-cpp-python is not installed.
     """
     resolved = ModelStore(settings.models_dir).resolve(model, chat_format=settings.chat_format)
-    return LlamaCppModel.load(
+    return LlamaCppBackend(
         resolved,
         n_ctx=settings.n_ctx,
+        n_seq_max=n_seq_max or settings.max_sequences,
+        n_batch=settings.n_batch,
         n_threads=settings.n_threads,
         n_gpu_layers=settings.n_gpu_layers,
-        seed=settings.seed,
+        batch_invariant=settings.batch_invariant,
     )
