@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from mythic.config import ChatSettings, EngineSettings, MythicSettings
+from mythic.config import ChatSettings, MythicSettings
 from mythic.dialogue import Conversation, PlayerInputError, persona_prompt
-from mythic.engine import LlamaCppModel, ModelError, load_model
+from mythic.engine import Engine, ModelError
 from mythic.knowledge import load_world
+from tests.integration.conftest import load_engine
 
 pytestmark = pytest.mark.integration
 
@@ -17,7 +18,7 @@ SHORT = ChatSettings(max_tokens=40, temperature=0.0)
 
 
 def test_the_barkeep_answers_in_a_stream_and_remembers_the_turn(
-    qwen: LlamaCppModel, example_world: Path
+    qwen: Engine, example_world: Path
 ) -> None:
     world = load_world(example_world)
     chat = Conversation(world, "marla", qwen, SHORT)
@@ -33,7 +34,7 @@ def test_the_barkeep_answers_in_a_stream_and_remembers_the_turn(
 
 
 def test_bad_lines_get_typed_errors_and_the_conversation_survives(
-    qwen: LlamaCppModel, example_world: Path
+    qwen: Engine, example_world: Path
 ) -> None:
     chat = Conversation(load_world(example_world), "marla", qwen, SHORT)
     for line in ["", "   \n ", "x" * 2001]:
@@ -47,22 +48,21 @@ def test_bad_lines_get_typed_errors_and_the_conversation_survives(
 def test_old_turns_drop_out_when_the_context_fills(
     settings: MythicSettings, example_world: Path
 ) -> None:
-    engine = EngineSettings(**(settings.engine.model_dump() | {"n_ctx": 1024}))
-    model = load_model("smollm2-135m-instruct", engine)
+    engine = load_engine("smollm2-135m-instruct", settings, n_ctx=1024)
     try:
-        chat = Conversation(load_world(example_world), "marla", model, SHORT)
+        chat = Conversation(load_world(example_world), "marla", engine, SHORT)
         for i in range(8):
             assert "".join(chat.reply(f"Tell me about night number {i} in this city.")).strip()
         assert len(chat.history) == 16
-        # The prompt for the next line fits, so the oldest turns are no longer in it.
-        prompt = chat._prompt("One more question.")
-        assert model.count_tokens(prompt) <= model.n_ctx - SHORT.max_tokens
-        assert "night number 0" not in prompt
+        # The last turn fitted because the oldest exchanges were left out of its prompt.
+        sent = " ".join(m.content for m in chat.last_messages)
+        assert "night number 7" in sent
+        assert "night number 0" not in sent
     finally:
-        model.close()
+        engine.close()
 
 
-def test_a_base_model_cannot_chat(gemma: LlamaCppModel, example_world: Path) -> None:
+def test_a_base_model_cannot_chat(gemma: Engine, example_world: Path) -> None:
     with pytest.raises(ModelError, match="no chat template"):
         Conversation(load_world(example_world), "marla", gemma, SHORT)
 

@@ -10,13 +10,15 @@ from mythic.config import EngineSettings, MythicSettings
 from mythic.engine import (
     PACKAGED_MODELS,
     ChatMessage,
-    LlamaCppModel,
+    Engine,
+    GenerationRequest,
+    LlamaCppBackend,
     ModelLoadError,
     ModelStore,
     NotAGGUFError,
     PackagedModel,
     Sampling,
-    load_model,
+    load_backend,
 )
 from tests.conftest import unavailable
 
@@ -38,51 +40,55 @@ def test_packaged_model_verifies(settings: MythicSettings, spec: PackagedModel) 
 
 @pytest.mark.parametrize("fixture", ["smollm", "qwen"])
 def test_chat_models_generate_text(fixture: str, request: pytest.FixtureRequest) -> None:
-    model: LlamaCppModel = request.getfixturevalue(fixture)
-    fmt = model.resolved.chat_format
-    assert fmt is not None
-    prompt = fmt.render(
-        [
-            ChatMessage("system", "You are a helpful innkeeper."),
-            ChatMessage("user", "Name one drink you sell."),
-        ]
-    )
-    sampling = Sampling(max_tokens=24, temperature=0.0, stop=fmt.stop_strings)
-    first = "".join(model.stream(prompt, sampling))
+    engine: Engine = request.getfixturevalue(fixture)
+    messages = [
+        ChatMessage("system", "You are a helpful innkeeper."),
+        ChatMessage("user", "Name one drink you sell."),
+    ]
+    sampling = Sampling(max_tokens=24, temperature=0.0)
+
+    def ask() -> str:
+        req = GenerationRequest(npc_id="innkeeper", messages=messages, sampling=sampling)
+        return engine.submit_sync(req).collect().text
+
+    first = ask()
     assert first.strip(), "the model produced no text"
     assert "<|im_end|>" not in first and "<|im_start|>" not in first
-    assert "".join(model.stream(prompt, sampling)) == first  # greedy decoding is repeatable
+    assert ask() == first  # greedy decoding is repeatable, with or without the cached prefix
 
 
-def test_base_model_completes_raw_text(gemma: LlamaCppModel) -> None:
-    assert gemma.resolved.chat_format is None
-    assert "".join(gemma.stream("The capital of France is", GREEDY)).strip()
+def test_base_model_completes_raw_text(gemma: Engine) -> None:
+    assert gemma.backend.chat_format is None
+    req = GenerationRequest(npc_id="narrator", prompt="The capital of France is", sampling=GREEDY)
+    assert gemma.submit_sync(req).collect().text.strip()
 
 
 def test_a_non_gguf_path_is_a_clear_error(tmp_path: Path) -> None:
     bogus = tmp_path / "model.gguf"
     bogus.write_text("this is not a model")
     with pytest.raises(NotAGGUFError, match="not a GGUF model file"):
-        load_model(str(bogus), EngineSettings())
+        load_backend(str(bogus), EngineSettings())
 
 
 def test_a_truncated_gguf_is_refused_without_a_crash(
-    settings: MythicSettings, tmp_path: Path, smollm: LlamaCppModel
+    settings: MythicSettings, tmp_path: Path, smollm: Engine
 ) -> None:
     cut = tmp_path / "cut.gguf"
-    with smollm.resolved.path.open("rb") as fh:
+    assert isinstance(smollm.backend, LlamaCppBackend)
+    with smollm.backend.resolved.path.open("rb") as fh:
         cut.write_bytes(fh.read(8 * 1024 * 1024))
     with pytest.raises((ModelLoadError, NotAGGUFError)):
-        load_model(str(cut), settings.engine)
+        load_backend(str(cut), settings.engine)
 
 
 def test_a_local_gguf_path_loads_with_its_detected_format(
-    settings: MythicSettings, smollm: LlamaCppModel
+    settings: MythicSettings, smollm: Engine
 ) -> None:
-    model = load_model(str(smollm.resolved.path), settings.engine)
+    assert isinstance(smollm.backend, LlamaCppBackend)
+    backend = load_backend(str(smollm.backend.resolved.path), settings.engine, n_seq_max=4)
     try:
-        assert model.resolved.spec is None
-        assert model.resolved.chat_format is smollm.resolved.chat_format
-        assert model.count_tokens("hello there") > 0
+        assert backend.resolved.spec is None
+        assert backend.chat_format is smollm.backend.chat_format
+        assert backend.tokenize("hello there", add_special=False, parse_special=False)
     finally:
-        model.close()
+        backend.close()

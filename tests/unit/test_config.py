@@ -21,10 +21,10 @@ def test_yaml_file_then_environment_then_code(
     no_config_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (no_config_env / "mythic.yaml").write_text(
-        "engine:\n  n_ctx: 2048\n  dialogue_model: smollm2-135m-instruct\nchat:\n  max_tokens: 64\n"
+        "engine:\n  n_ctx: 3072\n  dialogue_model: smollm2-135m-instruct\nchat:\n  max_tokens: 64\n"
     )
     settings = load_settings()  # ./mythic.yaml is picked up
-    assert settings.engine.n_ctx == 2048
+    assert settings.engine.n_ctx == 3072
     assert settings.chat.max_tokens == 64
     monkeypatch.setenv("MYTHIC_ENGINE__N_CTX", "1024")
     settings = load_settings()

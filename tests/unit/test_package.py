@@ -81,12 +81,12 @@ def test_every_package_is_placed_in_a_layer() -> None:
 
 
 def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mythic.engine import LlamaCppModel, ResolvedModel
+    from mythic.engine import LlamaCppBackend, ResolvedModel
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # makes `import llama_cpp` fail
     resolved = ResolvedModel(name="x", path=Path("x.gguf"), chat_format=None, context_length=None)
     with pytest.raises(MissingExtraError) as info:
-        LlamaCppModel.load(resolved)
+        LlamaCppBackend(resolved)
     assert isinstance(info.value, ImportError)
     assert "pip install 'mythic[llm]'" in str(info.value)
     assert info.value.extra == "llm"

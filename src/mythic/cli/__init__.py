@@ -236,7 +236,7 @@ def chat(
 ) -> None:
     """Talk to an NPC in the terminal; replies stream as they are generated."""
     from mythic.dialogue import Conversation, PlayerInputError
-    from mythic.engine import load_model
+    from mythic.engine import Engine
     from mythic.knowledge import load_world
 
     settings = _settings(config)
@@ -248,9 +248,9 @@ def chat(
         raise typer.Exit(2) from None
     name = model or settings.engine.dialogue_model
     err.print(f"Loading {name} ...")
-    llm = _guard(lambda: load_model(name, settings.engine))
+    engine = _guard(lambda: Engine.load(settings.engine, name))
     try:
-        conversation = _guard(lambda: Conversation(loaded, npc, llm, settings.chat))
+        conversation = _guard(lambda: Conversation(loaded, npc, engine, settings.chat))
         interactive = say is None
         if interactive:
             err.print(
@@ -278,7 +278,7 @@ def chat(
                 continue
             out.print()
     finally:
-        llm.close()
+        engine.close()
 
 
 def _read_lines() -> Iterator[str]:

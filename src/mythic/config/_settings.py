@@ -48,8 +48,9 @@ class EngineSettings(_Section):
     chat_format: Literal["chatml", "llama-3", "gemma"] | None = None
     """Chat template for a GGUF path whose template is not recognised (chatml, llama-3, gemma)."""
 
-    n_ctx: int = Field(default=4096, ge=256, le=131072)
-    """Context window in tokens; capped at the model's own context length."""
+    n_ctx: int = Field(default=2048, ge=256, le=131072)
+    """Context window of one NPC sequence, in tokens; capped at the model's own. KV memory for
+    `n_ctx * max_sequences` cells is reserved at load."""
 
     n_threads: int | None = Field(default=None, ge=1)
     """CPU threads for generation; default: all cores."""
@@ -59,6 +60,36 @@ class EngineSettings(_Section):
 
     seed: int = Field(default=-1, ge=-1)
     """Sampling seed; -1 picks a random one."""
+
+    max_sequences: int = Field(default=32, ge=2, le=256)
+    """Sequences held in the shared KV memory: active NPC sessions plus cached prefixes."""
+
+    n_batch: int = Field(default=512, ge=32, le=8192)
+    """Tokens evaluated per model step, all sequences together."""
+
+    prefill_chunk: int = Field(default=64, ge=1)
+    """Prompt tokens a non-gold request evaluates per step, so long prompts cannot stall
+    the other streams."""
+
+    burst_tokens: int = Field(default=48, ge=1)
+    """Tokens an NPC generates per turn before it competes for its batch slot again."""
+
+    max_waiting: int = Field(default=256, ge=1)
+    """Requests queued for admission; one more is refused with `Overloaded`."""
+
+    overflow: Literal["error", "truncate"] = "error"
+    """A prompt longer than the context: `error` refuses it with `ContextOverflowError`;
+    `truncate` drops the oldest non-system messages (or the start of a raw prompt)."""
+
+    prefix_min_tokens: int = Field(default=32, ge=1)
+    """Shortest system prefix worth caching and sharing between NPCs' sequences."""
+
+    batch_invariant: bool = True
+    """Make each NPC's output independent of which other NPCs share its batch (greedy replies
+    are then reproducible), at some cost in speed; off lets llama.cpp use its fastest kernels."""
+
+    adapters: dict[str, Path] = Field(default_factory=dict)
+    """LoRA adapters (GGUF) to load at start, by the name requests use: {vampire: path}."""
 
 
 class ChatSettings(_Section):

@@ -1,7 +1,7 @@
 """A conversation between the player and one NPC, streamed from the embedded model.
 
-This is the thin first path: one NPC, one model, one stream at a time. The NPC actor of the
-server replaces it; the persona prompt and the history policy carry over.
+The terminal's path: one NPC, streamed from the shared engine. The NPC actor of the server
+replaces it; the persona prompt and the history policy carry over.
 """
 
 from __future__ import annotations
@@ -10,7 +10,16 @@ from collections.abc import Iterator
 
 from mythic._errors import MythicError
 from mythic.config import ChatSettings
-from mythic.engine import ChatFormat, ChatMessage, LlamaCppModel, ModelError, Sampling
+from mythic.engine import (
+    ChatMessage,
+    ContextOverflowError,
+    Engine,
+    GenerationRequest,
+    ModelError,
+    Priority,
+    Sampling,
+    SyncRequestStream,
+)
 from mythic.knowledge import Persona, World
 
 MAX_PLAYER_LINE = 2000
@@ -55,46 +64,69 @@ def persona_prompt(world: World, persona: Persona) -> str:
 
 
 class Conversation:
-    """The player talking to one NPC; keeps the recent history within the model's context."""
+    """The player talking to one NPC on the shared engine; keeps the recent history within the
+    model's context."""
 
     def __init__(
-        self, world: World, npc_id: str, model: LlamaCppModel, settings: ChatSettings
+        self,
+        world: World,
+        npc_id: str,
+        engine: Engine,
+        settings: ChatSettings,
+        *,
+        session_id: str = "chat",
     ) -> None:
-        fmt = model.resolved.chat_format
-        if fmt is None:
+        if engine.backend.chat_format is None:
             raise ModelError(
-                f"model {model.resolved.name} has no chat template (a base model); it cannot chat",
+                f"model {engine.backend.name} has no chat template (a base model); it cannot chat",
                 fix="use a chat model, e.g. --model qwen2.5-coder-0.5b-instruct, or set "
                 "engine.chat_format for your own GGUF",
             )
         self.npc_id = npc_id
+        self.session_id = session_id
         self.persona = world.npc(npc_id)
-        self.model = model
+        self.engine = engine
         self.settings = settings
-        self.chat_format: ChatFormat = fmt
         self.system = ChatMessage("system", persona_prompt(world, self.persona))
         self.history: list[ChatMessage] = []
+        self.last_messages: list[ChatMessage] = []
+        """The messages of the last turn sent to the engine (after dropping old exchanges)."""
 
-    def _prompt(self, line: str) -> str:
-        """Render the prompt, dropping the oldest exchanges until the reply fits the context."""
-        keep = (
-            self.history[-2 * self.settings.history_turns :] if self.settings.history_turns else []
+    def _submit(self, line: str) -> SyncRequestStream:
+        """Submit the turn, dropping the oldest exchanges until it fits the context."""
+        s = self.settings
+        keep = self.history[-2 * s.history_turns :] if s.history_turns else []
+        sampling = Sampling(
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            repeat_penalty=s.repeat_penalty,
         )
-        budget = self.model.n_ctx - self.settings.max_tokens
         while True:
-            messages = [self.system, *keep, ChatMessage("user", line)]
-            prompt = self.chat_format.render(messages)
-            if self.model.count_tokens(prompt) <= budget:
-                return prompt
-            if not keep:
-                raise PlayerInputError(
-                    "the persona and this line do not fit the model's context "
-                    f"({self.model.n_ctx} tokens); say something shorter"
-                )
-            keep = keep[2:]
+            request = GenerationRequest(
+                npc_id=self.npc_id,
+                session_id=self.session_id,
+                messages=[self.system, *keep, ChatMessage("user", line)],
+                priority=Priority.SPEAKING,
+                sampling=sampling,
+            )
+            try:
+                stream = self.engine.submit_sync(request)
+                self.last_messages = list(request.messages or ())
+                return stream
+            except ContextOverflowError as exc:
+                if not keep:
+                    raise PlayerInputError(
+                        "the persona and this line do not fit the model's context; "
+                        "say something shorter"
+                    ) from exc
+                keep = keep[2:]
 
     def reply(self, player_line: str) -> Iterator[str]:
         """Stream the NPC's reply to `player_line`; the exchange joins the history at the end.
+
+        Closing the iterator early (Ctrl-C) cancels the generation on the engine.
 
         Raises:
             PlayerInputError: the line is empty or longer than 2000 characters.
@@ -106,22 +138,15 @@ class Conversation:
             raise PlayerInputError(
                 f"the line has {len(line)} characters; the limit is {MAX_PLAYER_LINE}"
             )
-        prompt = self._prompt(line)
-        s = self.settings
-        sampling = Sampling(
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            repeat_penalty=s.repeat_penalty,
-            stop=self.chat_format.stop_strings,
-        )
+        stream = self._submit(line)
         pieces: list[str] = []
         try:
-            for piece in self.model.stream(prompt, sampling):
-                pieces.append(piece)
-                yield piece
+            for delta in stream:
+                if delta.text:
+                    pieces.append(delta.text)
+                    yield delta.text
         finally:
+            stream.cancel()
             # An interrupted reply is still what the NPC said: keep it in the history. A reply
             # that only parrots the player's line is left out, or small models copy it every turn.
             said = "".join(pieces).strip()

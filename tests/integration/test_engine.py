@@ -1,0 +1,579 @@
+"""The shared engine on the real packaged models: batching, prefixes, grammars, adapters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+from mythic.config import MythicSettings
+from mythic.engine import (
+    Backend,
+    BackendError,
+    ChatMessage,
+    Completion,
+    ContextOverflowError,
+    DeadlineExceeded,
+    Delta,
+    Engine,
+    EngineConfig,
+    EngineError,
+    GenerationRequest,
+    GrammarError,
+    InvalidRequestError,
+    LlamaCppBackend,
+    Overloaded,
+    Priority,
+    RequestStream,
+    Sampling,
+    SequenceChunk,
+    UnknownAdapterError,
+)
+from tests.integration.conftest import load_engine
+from tests.loras import write_lora
+
+pytestmark = pytest.mark.integration
+
+WAIT = 240  # seconds: a bound on every wait, far above what any of these takes
+
+SYSTEM = ChatMessage(
+    "system",
+    "You are playing a character in a video game set in Ravenmoor, a fog-bound city of "
+    "vampires, ghouls and tired barkeeps. Stay in character, answer in one or two sentences, "
+    "and never say you are an AI.",
+)
+QUESTIONS = [
+    "What do you sell?",
+    "Who rules this city?",
+    "Is the marsh safe at night?",
+    "Have you seen the countess?",
+    "What happened to the old mill?",
+    "Where can I sleep tonight?",
+    "Do you know a good blacksmith?",
+    "Why is the fog so thick?",
+    "Who is the captain of the watch?",
+    "What is buried in the catacombs?",
+    "Can you keep a secret?",
+    "What do you fear most?",
+    "Where does the bell ring from?",
+    "Who was here before me?",
+    "What is the best drink in the house?",
+    "How do I get to the cathedral?",
+]
+
+
+def greedy(max_tokens: int) -> Sampling:
+    return Sampling(max_tokens=max_tokens, temperature=0.0, repeat_penalty=1.0)
+
+
+def ask(npc: str, question: str, max_tokens: int, **kwargs: object) -> GenerationRequest:
+    return GenerationRequest(
+        npc_id=npc,
+        messages=[SYSTEM, ChatMessage("user", question)],
+        sampling=greedy(max_tokens),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+async def run(engine: Engine, request: GenerationRequest) -> Completion:
+    async with asyncio.timeout(WAIT):
+        return await engine.submit(request).collect()
+
+
+async def run_all(engine: Engine, requests: Sequence[GenerationRequest]) -> list[Completion]:
+    async with asyncio.timeout(WAIT):
+        streams = [engine.submit(r) for r in requests]
+        return list(await asyncio.gather(*(s.collect() for s in streams)))
+
+
+async def run_stream(stream: RequestStream) -> list[Delta]:
+    async with asyncio.timeout(WAIT):
+        return [delta async for delta in stream]
+
+
+# -- continuous batching ------------------------------------------------------------------------
+
+
+async def test_sixteen_concurrent_greedy_sessions_match_their_solo_runs(smollm: Engine) -> None:
+    # Exact on SmolLM2 (the intent model). On Qwen 0.5B llama.cpp's CPU kernels still give
+    # logits that differ by up to ~0.3 between a one-token and a many-token decode, so a
+    # greedy reply can fork at a near-tie; the next test covers Qwen without that claim.
+    engine, max_tokens = smollm, 32
+    solo = [
+        (await run(engine, ask(f"solo-{i}", q, max_tokens))).text for i, q in enumerate(QUESTIONS)
+    ]
+    before = engine.metrics()
+    together = await run_all(
+        engine, [ask(f"crowd-{i}", q, max_tokens) for i, q in enumerate(QUESTIONS)]
+    )
+    after = engine.metrics()
+    assert [c.text for c in together] == solo
+    assert all(c.text.strip() for c in together)
+    # They really were batched: decode calls carried many sequences at once.
+    calls = after.decode_calls - before.decode_calls
+    assert calls < sum(c.tokens for c in together) / 4
+    assert max(after.batch_sizes) >= 16
+
+
+async def test_qwen_serves_sixteen_conversations_in_shared_batches(qwen: Engine) -> None:
+    before = qwen.metrics()
+    together = await run_all(qwen, [ask(f"q-{i}", q, 16) for i, q in enumerate(QUESTIONS)])
+    after = qwen.metrics()
+    assert all(c.text.strip() for c in together)
+    assert all(c.finish_reason in {"stop", "length"} for c in together)
+    assert after.decode_calls - before.decode_calls < sum(c.tokens for c in together) / 4
+    # The first NPC's reply starts the same as when it runs alone.
+    alone = await run(qwen, ask("q-alone", QUESTIONS[0], 16))
+    assert alone.text.split()[:3] == together[0].text.split()[:3]
+
+
+async def test_requests_join_and_leave_a_running_batch(smollm: Engine) -> None:
+    long = smollm.submit(ask("long", QUESTIONS[0], 60))
+    async with asyncio.timeout(WAIT):
+        first = await anext(long)
+        short = await run(smollm, ask("short", QUESTIONS[1], 4))
+        rest = [d async for d in long]
+    assert short.tokens <= 4
+    # The long reply kept streaming while the short one joined and left.
+    assert first.text or rest
+    assert rest[-1].finish_reason in {"stop", "length"}
+
+
+# -- cancellation ----------------------------------------------------------------------------
+
+
+async def test_cancel_ends_the_stream_and_frees_the_sequence(smollm: Engine) -> None:
+    stream = smollm.submit(ask("barge", QUESTIONS[2], 200))
+    async with asyncio.timeout(WAIT):
+        await anext(stream)
+        assert stream.cancel()
+        tail = [d async for d in stream]
+    assert tail[-1].finish_reason == "cancelled"
+    assert sum(d.tokens for d in tail) < 200
+    metrics = smollm.metrics()
+    assert metrics.running == 0
+    assert metrics.kv_cells_reserved == 0
+    assert not stream.cancel()  # already finished
+    assert not smollm.cancel("no-such-request")
+    # The NPC goes on talking.
+    assert (await run(smollm, ask("barge", QUESTIONS[3], 8))).text.strip()
+
+
+async def test_leaving_the_stream_early_cancels_the_request(smollm: Engine) -> None:
+    async with asyncio.timeout(WAIT):
+        async with smollm.submit(ask("leaver", QUESTIONS[4], 200)) as stream:
+            await anext(stream)
+        # The worker handles the cancellation before the step that serves this request.
+        await run(smollm, ask("next", QUESTIONS[5], 2))
+    assert smollm.metrics().running == 0
+    assert smollm.metrics().kv_cells_reserved == 0
+
+
+# -- prefix reuse --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm_no_reuse(settings: MythicSettings) -> Iterator[Engine]:
+    engine = load_engine("smollm2-135m-instruct", settings, prefix_min_tokens=10**6)
+    yield engine
+    engine.close()
+
+
+async def test_follow_up_turn_reuses_the_session_and_matches_a_full_evaluation(
+    smollm: Engine, smollm_no_reuse: Engine
+) -> None:
+    first = ask("marla", QUESTIONS[0], 1, session_id="s1")
+    turn_one = await run(smollm, first)
+    assert first.messages is not None
+    # The reply is scripted so that both runs evaluate it as prompt: a reply the model
+    # generated sits in the KV as decoded one token at a time, which is numerically (not
+    # semantically) different from evaluating it as prompt, and can fork at a near-tie.
+    follow_messages = [
+        *first.messages,
+        ChatMessage("assistant", "Ale, bread and rumours, stranger. What will it be?"),
+        ChatMessage("user", "And how much is the ale?"),
+    ]
+    follow = GenerationRequest(
+        npc_id="marla", session_id="s1", messages=follow_messages, sampling=greedy(24)
+    )
+    reused = await run(smollm, follow)
+    assert reused.cached_tokens >= turn_one.prompt_tokens - 1
+    fresh_request = GenerationRequest(
+        npc_id="marla", session_id="other", messages=follow_messages, sampling=greedy(24)
+    )
+    fresh = await run(smollm_no_reuse, fresh_request)
+    assert fresh.cached_tokens == 0
+    assert reused.text == fresh.text
+    assert reused.text.strip()
+
+
+async def test_an_evicted_session_resumes_correctly(settings: MythicSettings) -> None:
+    engine = load_engine("smollm2-135m-instruct", settings, max_sequences=4)
+    try:
+        talk = [SYSTEM, ChatMessage("user", QUESTIONS[0])]
+        before = await run(engine, GenerationRequest("evicted", talk, sampling=greedy(16)))
+        # Other NPCs take every sequence; the first NPC's KV is evicted.
+        for i in range(6):
+            await run(engine, ask(f"other-{i}", QUESTIONS[i + 1], 4))
+        after = await run(engine, GenerationRequest("evicted", talk, sampling=greedy(16)))
+        assert after.cached_tokens < after.prompt_tokens - 1  # its own KV was gone
+        assert after.text == before.text
+    finally:
+        await engine.aclose()
+
+
+async def test_new_npcs_share_an_evaluated_system_prefix(
+    smollm: Engine, smollm_no_reuse: Engine
+) -> None:
+    await run(smollm, ask("warm", QUESTIONS[5], 4))
+    shared = await run(smollm, ask("newcomer", QUESTIONS[6], 24))
+    assert shared.cached_tokens >= 32
+    alone = await run(smollm_no_reuse, ask("newcomer", QUESTIONS[6], 24))
+    assert alone.cached_tokens == 0
+    assert shared.text == alone.text
+    assert smollm.metrics().prefix_hit_rate > 0
+
+
+# -- constrained output ------------------------------------------------------------------------
+
+
+class Intent(BaseModel):
+    action: Literal["attack", "flee", "talk", "trade", "follow", "wait"]
+    target: Literal["player", "guard", "merchant", "nobody"]
+    urgency: int = Field(ge=1, le=5)
+    say: str = Field(max_length=40)
+
+
+async def test_two_hundred_schema_constrained_intents_all_parse_and_validate(
+    smollm: Engine,
+) -> None:
+    schema = Intent.model_json_schema()
+    requests = [
+        GenerationRequest(
+            npc_id=f"ghoul-{i}",
+            prompt=f"Ghoul {i} sees the player near the crypt. Its intent as JSON: ",
+            priority=Priority.GOLD,
+            json_schema=schema,
+            sampling=Sampling(max_tokens=96, temperature=0.9, seed=i),
+        )
+        for i in range(200)
+    ]
+    done: list[Completion] = []
+    for wave in range(0, 200, 40):
+        done += await run_all(smollm, requests[wave : wave + 40])
+    intents = [Intent.model_validate_json(c.text) for c in done]
+    assert len(intents) == 200
+    assert len({(i.action, i.target) for i in intents}) > 1  # sampled, not one canned answer
+
+
+async def test_a_gbnf_grammar_constrains_the_reply(smollm: Engine) -> None:
+    grammar = 'root ::= ("yes" | "no") "."'
+    c = await run(
+        smollm,
+        GenerationRequest(npc_id="guard", prompt="Will you open the gate?", grammar=grammar),
+    )
+    assert c.text in {"yes.", "no."}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"json_schema": "{not json"}, GrammarError),
+        (
+            {"json_schema": {"type": "object", "properties": {"a": {"$ref": "#/nope"}}}},
+            GrammarError,
+        ),
+        (
+            {"json_schema": {"properties": {"a": {"$ref": "https://example.com/s.json"}}}},
+            GrammarError,
+        ),
+        ({"json_schema": {"type": "number", "minimum": 0}}, GrammarError),
+        ({"json_schema": {"type": "integer", "minimum": 0}}, GrammarError),
+        ({"json_schema": [1, 2]}, GrammarError),
+        ({"grammar": "root ::= ("}, GrammarError),
+        ({"grammar": 'start ::= "a"'}, GrammarError),
+        ({"grammar": 'root ::= "a"', "json_schema": {"type": "string"}}, InvalidRequestError),
+        ({"adapters": {"no-such-adapter": 1.0}}, UnknownAdapterError),
+        ({"sampling": Sampling(max_tokens=0)}, InvalidRequestError),
+        ({"sampling": Sampling(temperature=-1)}, InvalidRequestError),
+        ({"sampling": Sampling(stop=("",))}, InvalidRequestError),
+        ({"deadline_s": 0}, InvalidRequestError),
+        ({"npc_id": ""}, InvalidRequestError),
+        ({"prompt": "also a prompt"}, InvalidRequestError),
+    ],
+)
+async def test_bad_requests_are_refused_before_queueing(
+    smollm: Engine, kwargs: dict[str, object], error: type[Exception]
+) -> None:
+    fields: dict[str, object] = {"npc_id": "x", "messages": [ChatMessage("user", "hi")]}
+    request = GenerationRequest(**(fields | kwargs))  # type: ignore[arg-type]
+    before = smollm.metrics().submitted
+    with pytest.raises(error):
+        smollm.submit(request)
+    assert smollm.metrics().submitted == before
+    assert (await run(smollm, ask("x", "hi", 4))).text is not None
+
+
+# -- context overflow ---------------------------------------------------------------------------
+
+
+async def test_a_prompt_longer_than_the_context_is_a_typed_error(smollm: Engine) -> None:
+    huge = "the fog rolls in " * 3000
+    with pytest.raises(ContextOverflowError, match="tokens"):
+        smollm.submit(GenerationRequest(npc_id="x", prompt=huge))
+    with pytest.raises(ContextOverflowError):
+        smollm.submit(ask("x", huge, 16))
+
+
+async def test_truncate_policy_drops_the_oldest_turns(settings: MythicSettings) -> None:
+    engine = load_engine("smollm2-135m-instruct", settings, n_ctx=512, overflow="truncate")
+    try:
+        history = []
+        for i in range(30):
+            history += [
+                ChatMessage("user", f"Tell me the story of night {i} in the marsh."),
+                ChatMessage("assistant", f"Night {i} was long and the fog was thick."),
+            ]
+        request = GenerationRequest(
+            npc_id="x",
+            messages=[SYSTEM, *history, ChatMessage("user", "And tonight?")],
+            sampling=greedy(16),
+        )
+        reply = await run(engine, request)
+        assert reply.prompt_tokens + 16 <= 512
+        assert reply.text.strip()
+        raw = await run(engine, GenerationRequest(npc_id="y", prompt="fog " * 2000))
+        assert raw.prompt_tokens < 512
+    finally:
+        await engine.aclose()
+
+
+# -- adapters ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory: pytest.TempPathFactory, smollm: Engine) -> dict[str, Path]:
+    pytest.importorskip("gguf", reason="the gguf package writes the test adapters (dev extra)")
+    assert isinstance(smollm.backend, LlamaCppBackend)
+    base = smollm.backend.resolved.path
+    folder = tmp_path_factory.mktemp("loras")
+    return {
+        "vampire": write_lora(base, folder / "vampire.gguf", seed=1, scale=0.08),
+        "werewolf": write_lora(base, folder / "werewolf.gguf", seed=2, scale=0.08),
+    }
+
+
+@pytest.fixture(scope="module")
+def smollm_adapters(settings: MythicSettings, adapters: dict[str, Path]) -> Iterator[Engine]:
+    engine = load_engine("smollm2-135m-instruct", settings, adapters=adapters)
+    yield engine
+    engine.close()
+
+
+async def test_adapter_output_is_the_same_whatever_ran_in_between(
+    smollm_adapters: Engine,
+) -> None:
+    engine = smollm_adapters
+    q = "Describe the night outside."
+    base = await run(engine, ask("a0", q, 24))
+    vampire_alone = await run(engine, ask("a1", q, 24, adapters={"vampire": 1.0}))
+    assert vampire_alone.text != base.text, "the adapter changed nothing: is it applied?"
+    switches = engine.metrics().adapter_switches
+    # Vampire again, while werewolf and base sequences run in the same steps.
+    mixed = await run_all(
+        engine,
+        [
+            ask("w1", q, 24, adapters={"werewolf": 1.0}),
+            ask("a2", q, 24, adapters={"vampire": 1.0}),
+            ask("b1", q, 24),
+            ask("w2", QUESTIONS[3], 24, adapters={"werewolf": 1.0}),
+        ],
+    )
+    assert mixed[1].text == vampire_alone.text
+    assert mixed[2].text == base.text
+    assert engine.metrics().adapter_switches > switches
+    # The same session switching adapter sets never reuses KV made under the other set.
+    await run(engine, ask("npc", q, 8, session_id="s", adapters={"werewolf": 1.0}))
+    switched = await run(engine, ask("npc", q, 24, session_id="s", adapters={"vampire": 1.0}))
+    assert switched.text == vampire_alone.text
+
+
+async def test_a_bad_adapter_file_is_a_typed_error(
+    settings: MythicSettings, tmp_path: Path
+) -> None:
+    from mythic.engine import AdapterError
+
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"GGUF not really")
+    with pytest.raises(AdapterError):
+        load_engine("smollm2-135m-instruct", settings, adapters={"bad": bogus})
+
+
+# -- priorities, deadlines, backpressure ------------------------------------------------------
+
+
+async def test_gold_overtakes_streaming_silver_conversations(smollm: Engine) -> None:
+    async with asyncio.timeout(WAIT):
+        silver = [smollm.submit(ask(f"talker-{i}", q, 120)) for i, q in enumerate(QUESTIONS[:8])]
+        for stream in silver:
+            await anext(stream)
+        gold = await run(
+            smollm,
+            GenerationRequest(
+                npc_id="guard",
+                prompt="Guard's decision (yes or no):",
+                grammar='root ::= "yes" | "no"',
+                priority=Priority.GOLD,
+            ),
+        )
+        still_streaming = smollm.metrics().running
+        for stream in silver:
+            stream.cancel()
+    assert gold.text in {"yes", "no"}
+    assert still_streaming >= 1  # gold finished while the silver replies were mid-stream
+
+
+async def test_a_deadline_that_cannot_be_met_fails_fast(smollm: Engine) -> None:
+    request = ask("late", QUESTIONS[0], 200, deadline_s=0.001, priority=Priority.GOLD)
+    with pytest.raises(DeadlineExceeded) as info:
+        await run(smollm, request)
+    assert info.value.retryable
+    assert (await run(smollm, ask("late", QUESTIONS[0], 4))).text is not None
+
+
+async def test_a_full_queue_refuses_with_overloaded(settings: MythicSettings) -> None:
+    engine = load_engine("smollm2-135m-instruct", settings, max_waiting=2, max_sequences=4)
+    try:
+        streams = []
+        for i in range(50):
+            try:
+                streams.append(engine.submit(ask(f"n{i}", QUESTIONS[0], 40)))
+            except Overloaded:
+                break
+        assert engine.metrics().overloaded == 1
+        assert len(streams) < 50
+        with pytest.raises(Overloaded) as info:
+            engine.submit(ask("one-more", QUESTIONS[0], 40))
+        assert info.value.retryable
+        for stream in streams:
+            stream.cancel()
+        assert (await run(engine, ask("after", QUESTIONS[1], 4))).text is not None
+    finally:
+        await engine.aclose()
+
+
+# -- failures -----------------------------------------------------------------------------------
+
+
+class FailingBackend(Backend):
+    """The real backend, with decode calls made to fail on demand (fault injection)."""
+
+    def __init__(self, real: LlamaCppBackend) -> None:
+        self.real = real
+        self.name = real.name
+        self.chat_format = real.chat_format
+        self.n_ctx, self.n_ctx_seq, self.n_seq_max = real.n_ctx, real.n_ctx_seq, real.n_seq_max
+        self.n_batch, self.max_seq_chunk = real.n_batch, real.max_seq_chunk
+        self.fail_next = 0
+
+    def decode(self, chunks: Sequence[SequenceChunk]) -> list[int]:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise BackendError("injected: llama_decode returned -3")
+        return self.real.decode(chunks)
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        return self.real.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def piece(self, token: int) -> bytes:
+        return self.real.piece(token)
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return self.real.is_end_of_generation(token)
+
+    def json_schema_grammar(self, schema: str) -> str:
+        return self.real.json_schema_grammar(schema)
+
+    def check_grammar(self, gbnf: str) -> None:
+        self.real.check_grammar(gbnf)
+
+    def make_sampler(self, sampling: Sampling, seed: int, grammar: str | None) -> object:
+        return self.real.make_sampler(sampling, seed, grammar)
+
+    def free_sampler(self, sampler: object) -> None:
+        self.real.free_sampler(sampler)
+
+    def sample(self, sampler: object, output_index: int) -> int:
+        return self.real.sample(sampler, output_index)
+
+    def seq_remove(self, seq_id: int, start: int = 0) -> None:
+        self.real.seq_remove(seq_id, start)
+
+    def seq_copy(self, src: int, dst: int, length: int) -> None:
+        self.real.seq_copy(src, dst, length)
+
+    def clear(self) -> None:
+        self.real.clear()
+
+    @property
+    def adapters(self) -> frozenset[str]:
+        return self.real.adapters
+
+    def load_adapter(self, name: str, path: str) -> None:
+        self.real.load_adapter(name, path)
+
+    def set_adapters(self, key: tuple[tuple[str, float], ...]) -> bool:
+        return self.real.set_adapters(key)
+
+    def close(self) -> None:
+        self.real.close()
+
+
+async def test_a_backend_failure_fails_in_flight_requests_and_the_engine_recovers(
+    settings: MythicSettings,
+) -> None:
+    from mythic.engine import load_backend
+
+    real = load_backend("smollm2-135m-instruct", settings.engine, n_seq_max=8)
+    backend = FailingBackend(real)
+    engine = Engine(backend, EngineConfig.for_backend(real, settings.engine))
+    try:
+        streams = [engine.submit(ask(f"f{i}", q, 60)) for i, q in enumerate(QUESTIONS[:3])]
+        async with asyncio.timeout(WAIT):
+            await anext(streams[0])
+            backend.fail_next = 1
+        for stream in streams:
+            with pytest.raises(EngineError, match="injected"):
+                await run_stream(stream)
+        # Recovered by itself: same engine, same model, correct output.
+        again = await run(engine, ask("f9", QUESTIONS[0], 16))
+        assert again.text.strip()
+        assert engine.metrics().failed == 3
+    finally:
+        await engine.aclose()
+
+
+async def test_closing_the_engine_fails_waiting_streams(settings: MythicSettings) -> None:
+    from mythic.engine import EngineClosedError
+
+    engine = load_engine("smollm2-135m-instruct", settings)
+    stream = engine.submit(ask("x", QUESTIONS[0], 500))
+    await engine.aclose()
+    with pytest.raises(EngineClosedError):
+        await run_stream(stream)
+    with pytest.raises(EngineClosedError):
+        engine.submit(ask("x", QUESTIONS[0], 4))
+
+
+def test_metrics_report_what_happened(smollm: Engine) -> None:
+    m = smollm.metrics()
+    assert m.completed > 0 and m.generated_tokens > 0
+    assert m.first_token_p50_s is not None and m.first_token_p95_s is not None
+    assert m.tokens_per_s > 0
+    assert m.kv_capacity == smollm.backend.n_ctx
+    assert json.dumps(m.batch_sizes)
