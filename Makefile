@@ -92,6 +92,7 @@ e2e: setup
 
 bench: setup
 	$(PY) bench/engine_single.py
+	$(PY) bench/engine_concurrency.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

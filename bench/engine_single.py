@@ -1,4 +1,4 @@
-"""Single-request speed of each packaged chat model on the embedded llama.cpp backend.
+"""Single-request speed of each packaged chat model on the shared engine (llama.cpp backend).
 
 For each model: load time, time to first token (TTFT) for a ~300-token persona prompt with no
 cached prefix, and generation speed in tokens/s. Medians over repeated runs; ratios against the
@@ -22,7 +22,14 @@ from pathlib import Path
 
 from mythic.config import load_settings
 from mythic.dialogue import persona_prompt
-from mythic.engine import PACKAGED_MODELS, ChatMessage, ModelStore, Sampling, load_model
+from mythic.engine import (
+    PACKAGED_MODELS,
+    ChatMessage,
+    Engine,
+    GenerationRequest,
+    ModelStore,
+    Sampling,
+)
 from mythic.knowledge import load_world
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,32 +75,37 @@ def bench_model(name: str, runs: int) -> Row:
     prompt_tokens = 0
     for run in range(runs):
         t0 = time.perf_counter()
-        model = load_model(name, settings.engine)
+        engine = Engine.load(settings.engine, name)
         loads.append(time.perf_counter() - t0)
         try:
-            fmt = model.resolved.chat_format
-            assert fmt is not None
-            messages = _persona_messages(model.count_tokens)
-            prompt = fmt.render(messages)
-            prompt_tokens = model.count_tokens(prompt)
-            for _ in range(2):  # second pass on the same loaded model: warm caches, cold prompt
-                model.reset()
-                sampling = Sampling(max_tokens=96, temperature=0.8, seed=run, stop=fmt.stop_strings)
+
+            def count(text: str, engine: Engine = engine) -> int:
+                return len(engine.backend.tokenize(text, add_special=False, parse_special=True))
+
+            messages = _persona_messages(count)
+            for attempt in range(2):  # second pass: warm caches, but a new NPC (no KV reuse)
+                request = GenerationRequest(
+                    npc_id=f"bench-{run}-{attempt}",
+                    messages=messages,
+                    sampling=Sampling(max_tokens=96, temperature=0.8, seed=run),
+                )
                 start = time.perf_counter()
                 first = None
-                text = []
-                for piece in model.stream(prompt, sampling):
-                    if first is None:
+                generated = 0
+                last = None
+                for delta in engine.submit_sync(request):
+                    if first is None and delta.tokens:
                         first = time.perf_counter()
-                    text.append(piece)
+                    generated += delta.tokens
+                    last = delta
                 end = time.perf_counter()
-                assert first is not None
-                generated = model.count_tokens("".join(text))
+                assert first is not None and last is not None
+                prompt_tokens = last.prompt_tokens
                 ttfts.append(first - start)
                 if generated > 1 and end > first:
                     rates.append((generated - 1) / (end - first))
         finally:
-            model.close()
+            engine.close()
     return Row(
         model=name,
         prompt_tokens=prompt_tokens,
