@@ -161,8 +161,9 @@ def gold_request(i: int) -> GenerationRequest:
     )
 
 
-async def gold_ttft(engine: Engine, trials: int, load: int) -> list[float]:
-    """Gold time to first token, with `load` silver conversations streaming meanwhile."""
+async def gold_ttft(engine: Engine, trials: int, load: int) -> tuple[list[float], int]:
+    """Gold time to first token, with `load` silver conversations streaming meanwhile; and
+    how many running steps the gold requests preempted."""
     silver = []
     if load:
         requests = [
@@ -178,18 +179,20 @@ async def gold_ttft(engine: Engine, trials: int, load: int) -> list[float]:
         for stream in silver:
             await anext(stream)  # every silver conversation is streaming
     ttfts = []
+    preempted = engine.metrics().preemptions
     for i in range(trials):
         stream = engine.submit(gold_request(i))
         first = await anext(stream)
         assert first.timing.first_token_s is not None
         ttfts.append(first.timing.first_token_s)
         await stream.collect()
+    preempted = engine.metrics().preemptions - preempted
     for stream in silver:
         stream.cancel()
     for stream in silver:
         async for _ in stream:
             pass
-    return ttfts
+    return ttfts, preempted
 
 
 async def follow_up_ttft(engine: Engine, trials: int, reuse: bool) -> list[float]:
@@ -293,10 +296,10 @@ async def bench_model(name: str, trials: int, ns: list[int], quick: bool) -> dic
         out["throughput"] = rows
         out["batch_sizes"] = engine.metrics().batch_sizes
 
-        idle = await gold_ttft(engine, trials, load=0)
-        loaded = {}
+        idle, _ = await gold_ttft(engine, trials, load=0)
+        loaded, preemptions = {}, {}
         for load in [8] if quick else [8, 16]:
-            loaded[load] = await gold_ttft(engine, trials, load=load)
+            loaded[load], preemptions[load] = await gold_ttft(engine, trials, load=load)
         out["gold_ttft"] = {
             "idle_p50_ms": 1000 * pct(idle, 0.5),
             "idle_p95_ms": 1000 * pct(idle, 0.95),
@@ -305,6 +308,7 @@ async def bench_model(name: str, trials: int, ns: list[int], quick: bool) -> dic
                     "p50_ms": 1000 * pct(v, 0.5),
                     "p95_ms": 1000 * pct(v, 0.95),
                     "p95_vs_idle_p95": pct(v, 0.95) / pct(idle, 0.95),
+                    "preempted_steps": preemptions[load],
                 }
                 for load, v in loaded.items()
             },
@@ -345,7 +349,9 @@ def print_table(results: list[dict[str, Any]]) -> None:
         for row in r["throughput"]:
             print(f"{'':30} {row['n']:>3} {row['tok_s']:>7.1f} {row['vs_baseline']:>7.2f}")
     print()
-    print(f"{'model':30} {'gold TTFT ms':>14} {'p50':>7} {'p95':>7} {'p95/idle':>9}")
+    print(
+        f"{'model':30} {'gold TTFT ms':>14} {'p50':>7} {'p95':>7} {'p95/idle':>9} {'preempted':>9}"
+    )
     for r in results:
         g = r["gold_ttft"]
         print(f"{r['model']:30} {'idle':>14} {g['idle_p50_ms']:>7.0f} {g['idle_p95_ms']:>7.0f}")
@@ -353,7 +359,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
             label = f"{load} silver"
             print(
                 f"{'':30} {label:>14} {v['p50_ms']:>7.0f} {v['p95_ms']:>7.0f} "
-                f"{v['p95_vs_idle_p95']:>9.2f}"
+                f"{v['p95_vs_idle_p95']:>9.2f} {v['preempted_steps']:>9}"
             )
     print()
     print(f"{'model':30} {'follow-up TTFT reuse/fresh ms':>30} {'x':>6}")

@@ -88,6 +88,12 @@ class EngineSettings(_Section):
     """Make each NPC's output independent of which other NPCs share its batch (greedy replies
     are then reproducible), at some cost in speed; off lets llama.cpp use its fastest kernels."""
 
+    gold_preempts: bool = True
+    """A gold request (the player's current partner, intents) stops a model step already
+    running for other NPCs, runs first, and the stopped step is redone. Gold then never waits
+    for a whole step; the redone step costs the others a little time, and at a near-tie a
+    redone step can pick another token than it would have."""
+
     adapters: dict[str, Path] = Field(default_factory=dict)
     """LoRA adapters (GGUF) to load at start, by the name requests use: {vampire: path}."""
 

@@ -3,7 +3,14 @@
 Importing this package loads neither llama.cpp nor a model; `Engine.load` does.
 """
 
-from mythic.engine._backend import Backend, BackendError, KVCacheFullError, Sampling, SequenceChunk
+from mythic.engine._backend import (
+    Backend,
+    BackendError,
+    DecodeInterrupted,
+    KVCacheFullError,
+    Sampling,
+    SequenceChunk,
+)
 from mythic.engine._chat_format import ChatFormat, ChatMessage
 from mythic.engine._engine import Engine, EngineConfig, EngineMetrics
 from mythic.engine._errors import (
@@ -65,6 +72,7 @@ __all__ = [
     "Completion",
     "ContextOverflowError",
     "DeadlineExceeded",
+    "DecodeInterrupted",
     "Delta",
     "Engine",
     "EngineClosedError",

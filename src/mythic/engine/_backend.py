@@ -52,6 +52,10 @@ class KVCacheFullError(BackendError):
     """The backend found no room in its KV memory for the batch."""
 
 
+class DecodeInterrupted(Exception):  # noqa: N818 - a signal, not a failure
+    """`interrupt()` stopped an interruptible decode; the memory is as it was before the call."""
+
+
 class Backend(ABC):
     """A model runtime evaluating many sequences in one shared KV memory."""
 
@@ -102,14 +106,23 @@ class Backend(ABC):
         """Release a sampler from `make_sampler`."""
 
     @abstractmethod
-    def decode(self, chunks: Sequence[SequenceChunk]) -> list[int]:
+    def decode(self, chunks: Sequence[SequenceChunk], *, interruptible: bool = False) -> list[int]:
         """Evaluate the chunks in one call; returns, per chunk, the output index to sample from
         (-1 for chunks without logits).
 
         Raises:
             KVCacheFullError: no room for the batch; nothing was evaluated.
+            DecodeInterrupted: `interruptible` and `interrupt()` was called; nothing was kept.
             BackendError: the evaluation failed.
         """
+
+    def interrupt(self) -> None:  # noqa: B027 - optional: a no-op by default
+        """Ask a running (or the next) interruptible `decode` to stop soon. Any thread; cheap.
+
+        Backends that cannot stop a decode part-way ignore it (the default)."""
+
+    def clear_interrupt(self) -> None:  # noqa: B027
+        """Withdraw an `interrupt()` that no decode has consumed yet."""
 
     @abstractmethod
     def sample(self, sampler: object, output_index: int) -> int:

@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from mythic.config import EngineSettings
-from mythic.engine._backend import Backend, BackendError, KVCacheFullError, SequenceChunk
+from mythic.engine._backend import (
+    Backend,
+    BackendError,
+    DecodeInterrupted,
+    KVCacheFullError,
+    SequenceChunk,
+)
 from mythic.engine._chat_format import ChatMessage
 from mythic.engine._errors import (
     ContextOverflowError,
@@ -70,6 +76,7 @@ class EngineConfig:
     overflow: Literal["error", "truncate"] = "error"
     prefix_min_tokens: int = 32
     seed: int = -1
+    gold_preempts: bool = True
 
     @classmethod
     def for_backend(cls, backend: Backend, settings: EngineSettings | None = None) -> EngineConfig:
@@ -89,6 +96,7 @@ class EngineConfig:
             overflow=s.overflow,
             prefix_min_tokens=s.prefix_min_tokens,
             seed=s.seed,
+            gold_preempts=s.gold_preempts,
         )
 
 
@@ -148,6 +156,8 @@ class EngineMetrics:
     prefix_lookups: int
     prefix_hits: int
     adapter_switches: int
+    preemptions: int
+    """Decode calls stopped part-way so that a gold request could start at once."""
     kv_cells_reserved: int
     kv_cells_idle: int
     kv_capacity: int
@@ -272,6 +282,10 @@ class Engine:
                 raise
             self._active[request.request_id] = active
             self._counts["submitted"] += 1
+            if request.priority is Priority.GOLD and self.config.gold_preempts:
+                # Gold does not wait for a step already running: that step is stopped and
+                # redone after gold's (cleared at the next schedule, which includes gold).
+                self.backend.interrupt()
             self._lock.notify()
 
     def _prepare(self, request: GenerationRequest, sink: _Sink) -> _Active:
@@ -431,6 +445,7 @@ class Engine:
     def _step(self) -> None:
         now = time.monotonic()
         with self._lock:
+            self.backend.clear_interrupt()
             out = self._scheduler.schedule(now)
             cancelled, self._cancelled = self._cancelled, []
             expired = [self._active[rid] for rid in out.expired]
@@ -453,7 +468,7 @@ class Engine:
         started = time.monotonic()
         finished: list[str] = []
         try:
-            self._evaluate(out, finished)
+            done = self._evaluate(out, finished)
         except BackendError as exc:
             logger.warning("backend failure; failing in-flight requests and resetting: %s", exc)
             self._recover(exc)
@@ -461,12 +476,18 @@ class Engine:
         step_s = time.monotonic() - started
         self._busy_s += step_s
         self._counts["steps"] += 1
+        if done < len(out.batches):
+            # Preempted by a gold request: the batches not run are scheduled again, and the
+            # step's time says nothing about the model's speed.
+            out = SchedulerOutput(out.batches[:done], out.admitted, out.expired)
+            step_s = 0.0
         with self._lock:
             self._scheduler.update(out, finished, step_s)
 
-    def _evaluate(self, out: SchedulerOutput, finished: list[str]) -> None:
-        for batch in out.batches:
-            items: list[tuple[_Active, bool]] = []
+    def _evaluate(self, out: SchedulerOutput, finished: list[str]) -> int:
+        """Run the step's batches; returns how many ran (fewer when gold preempted the step)."""
+        for done, batch in enumerate(out.batches):
+            items: list[tuple[_Active, list[int], bool]] = []
             chunks: list[SequenceChunk] = []
             for chunk in batch.chunks:
                 active = self._active.get(chunk.request_id)
@@ -484,24 +505,36 @@ class Engine:
                     tokens = [active.last_token]
                 chunks.append(SequenceChunk(seq.seq_id, tokens, len(seq.tokens), chunk.sample))
                 seq.tokens += tokens
-                items.append((active, chunk.sample))
+                items.append((active, tokens if chunk.prefill else [], chunk.sample))
             if not chunks:
                 continue
             if self.backend.set_adapters(batch.adapter_key):
                 self._counts["adapter_switches"] += 1
             try:
-                outputs = self.backend.decode(chunks)
-            except KVCacheFullError:
-                # Idle sessions and prefixes are only a cache: drop them all and try once more.
-                self._cache.evict(0)
-                outputs = self.backend.decode(chunks)
+                outputs = self._decode(chunks, interruptible=not batch.gold)
+            except DecodeInterrupted:
+                self._counts["preemptions"] += 1
+                for (active, prefill, _), evaluated in zip(items, chunks, strict=True):
+                    assert active.seq is not None
+                    del active.seq.tokens[evaluated.pos :]
+                    active.to_eval[:0] = prefill
+                return done
             self._counts["decode_calls"] += 1
             self._batch_sizes[1 << (len(chunks) - 1).bit_length()] += 1
-            for (active, sample), index in zip(items, outputs, strict=True):
+            for (active, _, sample), index in zip(items, outputs, strict=True):
                 if sample:
                     token = self.backend.sample(active.sampler, index)
                     if self._accept(active, token):
                         finished.append(active.request.request_id)
+        return len(out.batches)
+
+    def _decode(self, chunks: list[SequenceChunk], *, interruptible: bool) -> list[int]:
+        try:
+            return self.backend.decode(chunks, interruptible=interruptible)
+        except KVCacheFullError:
+            # Idle sessions and prefixes are only a cache: drop them all and try once more.
+            self._cache.evict(0)
+            return self.backend.decode(chunks, interruptible=interruptible)
 
     def _accept(self, active: _Active, token: int) -> bool:
         """Fold a sampled token into its request; True when the request is finished."""
@@ -687,6 +720,7 @@ class Engine:
                 prefix_lookups=c["prefix_lookups"],
                 prefix_hits=c["prefix_hits"],
                 adapter_switches=c["adapter_switches"],
+                preemptions=c["preemptions"],
                 kv_cells_reserved=self._scheduler.kv_reserved,
                 kv_cells_idle=self._cache.idle_cells,
                 kv_capacity=self.config.scheduler.kv_capacity,

@@ -20,6 +20,7 @@ from mythic.config import EngineSettings
 from mythic.engine._backend import (
     Backend,
     BackendError,
+    DecodeInterrupted,
     KVCacheFullError,
     Sampling,
     SequenceChunk,
@@ -27,6 +28,8 @@ from mythic.engine._backend import (
 from mythic.engine._errors import AdapterError, GrammarError, ModelLoadError
 from mythic.engine._scheduler import AdapterKey
 from mythic.engine.models import ModelStore, ResolvedModel
+
+logger = logging.getLogger(__name__)
 
 _init_lock = threading.Lock()
 _initialised = False
@@ -141,6 +144,13 @@ class LlamaCppBackend(Backend):
         self._adapters: dict[str, Any] = {}
         self._adapter_key: AdapterKey = ()
         self._closed = False
+        # Preemption: llama.cpp polls an abort callback between graph nodes. The poll must not
+        # take the GIL (hundreds per decode, while the event loop holds it), so it is C's own
+        # strlen over a two-byte flag: b"\0" reads 0 (go on), b"\1" reads 1 (stop).
+        self._flag = ctypes.create_string_buffer(2)
+        self._never = ctypes.create_string_buffer(2)
+        self._poll = _native_flag_poll(lib)
+        self._armed = False
 
     # -- vocabulary (any thread) ---------------------------------------------------------------
 
@@ -233,7 +243,20 @@ class LlamaCppBackend(Backend):
 
     # -- evaluation (the engine's worker thread) -----------------------------------------------
 
-    def decode(self, chunks: Sequence[SequenceChunk]) -> list[int]:
+    def interrupt(self) -> None:
+        self._flag[0] = b"\x01"
+
+    def clear_interrupt(self) -> None:
+        self._flag[0] = b"\x00"
+
+    def _arm(self, interruptible: bool) -> None:
+        armed = interruptible and self._poll is not None
+        if armed != self._armed:
+            data = self._flag if armed else self._never
+            self._lib.llama_set_abort_callback(self._ctx, self._poll, ctypes.addressof(data))
+            self._armed = armed
+
+    def decode(self, chunks: Sequence[SequenceChunk], *, interruptible: bool = False) -> list[int]:
         total = sum(len(chunk.tokens) for chunk in chunks)
         if not 0 < total <= self.n_batch:
             raise BackendError(f"a batch of {total} tokens; n_batch is {self.n_batch}")
@@ -256,7 +279,13 @@ class LlamaCppBackend(Backend):
             else:
                 outputs.append(-1)
         batch.n_tokens = n
+        self._arm(interruptible)
         rc = self._lib.llama_decode(self._ctx, batch)
+        if rc == 2 and self._armed:
+            # llama.cpp drops the last micro-batch's cells only; drop the earlier ones too.
+            for chunk in chunks:
+                self._lib.llama_memory_seq_rm(self._memory, chunk.seq_id, chunk.pos, -1)
+            raise DecodeInterrupted
         if rc == 1:
             raise KVCacheFullError(f"no room in the KV memory for {n} tokens")
         if rc != 0:
@@ -353,3 +382,14 @@ def load_backend(
         n_gpu_layers=settings.n_gpu_layers,
         batch_invariant=settings.batch_invariant,
     )
+
+
+def _native_flag_poll(lib: Any) -> Any:
+    """An abort callback that reads a flag byte without Python: libc's strlen (None if absent)."""
+    try:
+        libc = ctypes.cdll.msvcrt if os.name == "nt" else ctypes.CDLL(None)
+        address = ctypes.cast(libc.strlen, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        logger.warning("no libc strlen: gold requests cannot preempt a running decode")
+        return None
+    return lib.ggml_abort_callback(address)
