@@ -16,12 +16,20 @@ from mythic import MissingExtraError
 pytestmark = pytest.mark.unit
 
 SRC = Path(mythic.__file__).resolve().parent
-PUBLIC = ["mythic", "mythic.config", "mythic.engine", "mythic.knowledge", "mythic.dialogue"]
+PUBLIC = [
+    "mythic",
+    "mythic.config",
+    "mythic.contracts",
+    "mythic.engine",
+    "mythic.knowledge",
+    "mythic.dialogue",
+]
 
 # ARCHITECTURE.md: imports point down only. Each package may import the ones listed.
 BASE = {"_errors", "_extras", "config", "contracts", "obs"}
 ALLOWED: dict[str, set[str]] = {
     "config": {"_errors"},
+    "contracts": {"_errors"},
     "engine": BASE,
     "knowledge": BASE,
     "dialogue": BASE | {"engine", "knowledge"},

