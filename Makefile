@@ -6,7 +6,7 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= llm,services,dev
+EXTRAS ?= llm,server,services,dev
 WORLD ?= examples/worlds/ravenmoor
 NPC ?= marla
 CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mythic
@@ -31,7 +31,8 @@ INSTALLED := $(VENV)/.installed-$(EXTRAS)
 .PHONY: help setup models run chat test lint typecheck unit integration e2e bench clean
 
 help:
-	@echo "make run    set up, then talk to $(NPC) in $(WORLD)"
+	@echo "make run    set up, then serve $(WORLD) (WebSocket + HTTP) and print how to talk to it"
+	@echo "make chat   set up, then talk to $(NPC) in the terminal on the embedded model"
 	@echo "make test   set up, then lint, type-check and run the whole test suite"
 	@echo "make bench  run the benchmarks in bench/ (results in bench/results/)"
 	@echo "llama.cpp build flags: $(LLAMA_CMAKE_ARGS)"
@@ -67,9 +68,10 @@ models: $(INSTALLED)
 	$(PY) -m mythic models fetch
 
 run: setup
-	$(PY) -m mythic chat --world $(WORLD) --npc $(NPC)
+	$(PY) -m mythic serve --world $(WORLD)
 
-chat: run
+chat: setup
+	$(PY) -m mythic chat --world $(WORLD) --npc $(NPC)
 
 lint: $(INSTALLED)
 	$(PY) -m ruff check .

@@ -51,8 +51,11 @@ def test_old_turns_drop_out_when_the_context_fills(
     engine = load_engine("smollm2-135m-instruct", settings, n_ctx=1024)
     try:
         chat = Conversation(load_world(example_world), "marla", engine, SHORT)
+        # Long lines, so eight exchanges overflow 1024 tokens however short the replies are.
+        story = "I have heard strange stories about the fog, the bells, the river and the marsh. "
         for i in range(8):
-            assert "".join(chat.reply(f"Tell me about night number {i} in this city.")).strip()
+            line = f"Tell me about night number {i} in this city. {story * 2}"
+            assert "".join(chat.reply(line)).strip()
         assert len(chat.history) == 16
         # The last turn fitted because the oldest exchanges were left out of its prompt.
         sent = " ".join(m.content for m in chat.last_messages)

@@ -23,6 +23,8 @@ PUBLIC = [
     "mythic.engine",
     "mythic.knowledge",
     "mythic.dialogue",
+    "mythic.server",
+    "mythic.client",
 ]
 
 # ARCHITECTURE.md: imports point down only. Each package may import the ones listed.
@@ -33,7 +35,10 @@ ALLOWED: dict[str, set[str]] = {
     "engine": BASE,
     "knowledge": BASE,
     "dialogue": BASE | {"engine", "knowledge"},
-    "cli": BASE | {"engine", "knowledge", "dialogue"},
+    "server": BASE | {"engine", "knowledge", "dialogue"},
+    # A game vendors the client without the server: it may import only the wire contracts.
+    "client": {"_errors", "_extras", "contracts"},
+    "cli": BASE | {"engine", "knowledge", "dialogue", "server", "client"},
 }
 HEAVY = ["llama_cpp", "torch", "numpy", "transformers", "redis", "asyncpg"]
 

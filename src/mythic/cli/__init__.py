@@ -242,9 +242,45 @@ def schema_export(
 
 
 @app.command()
-def chat(
+def serve(
     world: Annotated[Path, typer.Option("--world", "-w", help="World folder.")],
+    host: Annotated[
+        str | None, typer.Option("--host", help="Interface (default: server.host).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", "-p", help="TCP port, 0 for any (default: server.port).")
+    ] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Serve the world's NPCs over WebSocket (/v1/ws) and HTTP until Ctrl-C."""
+    settings = _settings(config)
+    server = settings.server.model_copy(
+        update={k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    )
+    settings = settings.model_copy(update={"server": server})
+
+    def run() -> None:
+        from mythic.server import serve as serve_world
+
+        err.print(f"Loading {world} and {settings.engine.dialogue_model} ...")
+        try:
+            serve_world(settings, str(world), announce=lambda line: out.print(line))
+        except OSError as exc:
+            raise MythicError(f"cannot listen on {server.host}:{server.port}: {exc}") from exc
+
+    _guard(run)
+
+
+@app.command()
+def chat(
     npc: Annotated[str, typer.Option("--npc", "-n", help="NPC id (file name of its card).")],
+    world: Annotated[
+        Path | None, typer.Option("--world", "-w", help="World folder (without --server).")
+    ] = None,
+    server: Annotated[
+        str | None,
+        typer.Option("--server", "-s", help="Talk through a running server: ws://HOST:PORT/v1/ws"),
+    ] = None,
     model: Annotated[
         str | None,
         typer.Option(
@@ -263,6 +299,12 @@ def chat(
     config: ConfigOption = None,
 ) -> None:
     """Talk to an NPC in the terminal; replies stream as they are generated."""
+    if server is not None:
+        _guard(lambda: _chat_over_server(server, npc, say))
+        return
+    if world is None:
+        err.print("error: give --world (embedded model) or --server URL", style="bold red")
+        raise typer.Exit(2)
     from mythic.dialogue import Conversation, PlayerInputError
     from mythic.engine import Engine
     from mythic.knowledge import load_world
@@ -307,6 +349,49 @@ def chat(
             out.print()
     finally:
         engine.close()
+
+
+def _chat_over_server(url: str, npc: str, say: list[str] | None) -> None:
+    """The terminal chat through a server: tool calls are shown and acknowledged as done."""
+    import asyncio
+
+    from mythic.client import ClientError, MythicClient, ToolResult
+    from mythic.contracts import Error, LLMStreamDelta, ToolCall
+
+    async def tool(call: ToolCall) -> ToolResult:
+        out.print(f"\n  [{call.name} {json.dumps(call.args)}]", end="")
+        return "ok", None
+
+    async def talk() -> None:
+        try:
+            client = MythicClient(url, tool_handler=tool, timeout_s=300)
+            await client.connect()
+        except (OSError, TimeoutError) as exc:
+            raise MythicError(f"cannot reach {url}: {exc}", fix="start it: mythic serve") from exc
+        try:
+            interactive = say is None
+            if interactive:
+                err.print(f"Talking to {npc} through {url}. Ctrl-D or /quit to leave.")
+            for line in iter(say) if say is not None else _read_lines():
+                if line.strip() in {"/quit", "/exit"}:
+                    break
+                if not interactive:
+                    out.print(f"> {line}")
+                out.print(f"{npc}: ", end="")
+                turn = await client.say(npc, line)
+                async for event in turn:
+                    if isinstance(event, LLMStreamDelta):
+                        out.print(event.delta, end="")
+                        out.file.flush()
+                    elif isinstance(event, Error):
+                        err.print(f"\n{event.code}: {event.message}", style="yellow")
+                out.print()
+        except ClientError as exc:
+            raise MythicError(str(exc)) from exc
+        finally:
+            await client.aclose()
+
+    asyncio.run(talk())
 
 
 def _read_lines() -> Iterator[str]:

@@ -9,8 +9,10 @@ defaults documented on each field.
 from mythic.config._settings import (
     ChatSettings,
     ConfigError,
+    DialogueSettings,
     EngineSettings,
     MythicSettings,
+    ServerSettings,
     WorldSettings,
     load_settings,
 )
@@ -18,8 +20,10 @@ from mythic.config._settings import (
 __all__ = [
     "ChatSettings",
     "ConfigError",
+    "DialogueSettings",
     "EngineSettings",
     "MythicSettings",
+    "ServerSettings",
     "WorldSettings",
     "load_settings",
 ]

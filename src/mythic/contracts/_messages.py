@@ -240,10 +240,11 @@ class LLMStreamDelta(_Envelope):
     delta: Text
     """The new text; may be empty on the final delta."""
     final: StrictBool = False
-    """True on the turn's last delta, which also carries `finish_reason`."""
+    """True on the last delta of a reply, which also carries `finish_reason`."""
     finish_reason: Literal["stop", "length", "tool_call", "cutoff", "error"] | None = None
     """Why the reply ended: `stop` (done), `length` (token cap), `tool_call` (a `ToolCall`
-    follows), `cutoff` (barge-in) or `error` (an `Error` follows)."""
+    follows; after its `Ack` the turn goes on with a reply voicing the result, `seq`
+    continuing), `cutoff` (barge-in) or `error` (an `Error` follows)."""
 
     @model_validator(mode="after")
     def _final_has_reason(self) -> LLMStreamDelta:

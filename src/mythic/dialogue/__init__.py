@@ -1,5 +1,64 @@
-"""Turn orchestration: an NPC's persona, its conversation history, its replies."""
+"""Turn orchestration: NPC actors, their dialogue state machine, intents and game tool calls.
 
+`Conversation` is the terminal's single-NPC path; `Cast` runs the NPCs of a server, one actor
+per active NPC, and talks to the game through an `Outbox` of v1 messages.
+"""
+
+from mythic.dialogue._actor import NPCActor, Scene, TurnRecord
+from mythic.dialogue._cast import (
+    Cast,
+    DialogueStats,
+    Outbox,
+    ToolOutcome,
+    UnknownCallError,
+    UnknownNPCError,
+)
 from mythic.dialogue._conversation import Conversation, PlayerInputError, persona_prompt
+from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError, MailboxFullError
+from mythic.dialogue._phrases import PhraseBuffer
+from mythic.dialogue._states import (
+    TRANSITIONS,
+    DialogueState,
+    DialogueStateMachine,
+    IllegalTransitionError,
+)
+from mythic.dialogue._tools import (
+    INTENTS,
+    TOOLS,
+    TOOLS_BY_INTENT,
+    Tool,
+    ToolArgumentError,
+    decision_schema,
+    validate_call,
+)
 
-__all__ = ["Conversation", "PlayerInputError", "persona_prompt"]
+__all__ = [
+    "INTENTS",
+    "TOOLS",
+    "TOOLS_BY_INTENT",
+    "TRANSITIONS",
+    "Cast",
+    "Conversation",
+    "DialogueState",
+    "DialogueStateMachine",
+    "DialogueStats",
+    "IllegalTransitionError",
+    "Lane",
+    "Mailbox",
+    "MailboxClosedError",
+    "MailboxFullError",
+    "NPCActor",
+    "Outbox",
+    "PhraseBuffer",
+    "PlayerInputError",
+    "Scene",
+    "Tool",
+    "ToolArgumentError",
+    "ToolOutcome",
+    "TurnRecord",
+    "UnknownCallError",
+    "UnknownNPCError",
+    "decision_schema",
+    "persona_prompt",
+    "validate_call",
+]

@@ -63,6 +63,17 @@ def persona_prompt(world: World, persona: Persona) -> str:
     return "\n".join(lines)
 
 
+def chat_sampling(settings: ChatSettings) -> Sampling:
+    """The sampling of an NPC's replies."""
+    return Sampling(
+        max_tokens=settings.max_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        repeat_penalty=settings.repeat_penalty,
+    )
+
+
 class Conversation:
     """The player talking to one NPC on the shared engine; keeps the recent history within the
     model's context."""
@@ -96,13 +107,7 @@ class Conversation:
         """Submit the turn, dropping the oldest exchanges until it fits the context."""
         s = self.settings
         keep = self.history[-2 * s.history_turns :] if s.history_turns else []
-        sampling = Sampling(
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            repeat_penalty=s.repeat_penalty,
-        )
+        sampling = chat_sampling(s)
         while True:
             request = GenerationRequest(
                 npc_id=self.npc_id,

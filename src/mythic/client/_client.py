@@ -1,0 +1,404 @@
+"""An async, typed, reconnecting client of the v1 protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal
+
+from mythic._errors import MythicError
+from mythic._extras import require
+from mythic.contracts import (
+    Ack,
+    ClientMessage,
+    Cutoff,
+    Error,
+    IntentRequest,
+    IntentUpdate,
+    LLMStreamDelta,
+    PlayerUtterance,
+    ProtocolError,
+    SceneObject,
+    SceneUpdate,
+    ServerMessage,
+    SessionEnd,
+    SessionStart,
+    ToolCall,
+    Welcome,
+    dump_message,
+    parse_server_message,
+)
+
+log = logging.getLogger(__name__)
+
+ToolHandler = Callable[[ToolCall], Awaitable["ToolResult"]]
+"""Runs a tool call in the game; returns the Ack's status and optional result."""
+
+ToolResult = tuple[Literal["ok", "error", "rejected"], dict[str, Any] | None]
+TurnEvent = LLMStreamDelta | ToolCall | Cutoff | Error
+
+
+class ClientError(MythicError):
+    """The server refused something (an `Error` it sent), or the client cannot go on."""
+
+    def __init__(self, message: str, *, error: Error | None = None) -> None:
+        super().__init__(message)
+        self.error = error
+        self.retryable = bool(error and error.retryable)
+
+
+class ConnectionLostError(ClientError):
+    """The connection dropped while a turn was in flight; the session is being resumed."""
+
+    retryable = True
+
+
+class Turn:
+    """One player line and everything the NPC sends back for it, in order."""
+
+    def __init__(self, client: MythicClient, npc_id: str, turn_id: str) -> None:
+        self.client = client
+        self.npc_id = npc_id
+        self.turn_id = turn_id
+        self.deltas: list[LLMStreamDelta] = []
+        self.tool_calls: list[ToolCall] = []
+        self.errors: list[Error] = []
+        self.finish_reason: str | None = None
+        self._queue: asyncio.Queue[TurnEvent | BaseException] = asyncio.Queue()
+        self._done = False
+
+    @property
+    def text(self) -> str:
+        """The reply text received so far."""
+        return "".join(d.delta for d in self.deltas)
+
+    def _put(self, item: TurnEvent | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> AsyncIterator[TurnEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[TurnEvent]:
+        while not self._done:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                self._done = True
+                self.client._turns.pop(self.turn_id, None)
+                raise item
+            match item:
+                case LLMStreamDelta():
+                    self.deltas.append(item)
+                    if item.final and item.finish_reason != "tool_call":
+                        self.finish_reason = item.finish_reason
+                        self._done = True
+                        self.client._turns.pop(self.turn_id, None)
+                case ToolCall():
+                    self.tool_calls.append(item)
+                case Error():
+                    self.errors.append(item)
+            yield item
+
+    async def reply(self) -> str:
+        """Wait for the end of the turn; the whole reply text (tool calls are answered by the
+        client's tool handler, if it has one)."""
+        async for _ in self:
+            pass
+        return self.text
+
+    async def cutoff(self) -> None:
+        """Stop the NPC (barge-in); the turn ends with finish_reason `cutoff`."""
+        await self.client.send(
+            Cutoff(npc_id=self.npc_id, session_id=self.client.session_id, turn_id=self.turn_id)
+        )
+
+
+class MythicClient:
+    """A game's connection to a Mythic server.
+
+        async with MythicClient("ws://127.0.0.1:8765/v1/ws") as client:
+            turn = await client.say("marla", "Is the tavern open?")
+            async for event in turn:
+                ...                           # LLMStreamDelta, ToolCall, Error, Cutoff
+            print(turn.text)
+
+    The client reconnects by itself and resumes its session (the NPCs keep their history);
+    turns in flight when the connection drops end with `ConnectionLostError`. With a
+    `tool_handler` it answers every `ToolCall` with an `Ack`; without one, call `ack`.
+    Messages that belong to no turn (NPC states, pushed intents, errors) go to `events`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        player_id: str | None = None,
+        tool_handler: ToolHandler | None = None,
+        reconnect: bool = True,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 5.0,
+        timeout_s: float = 30.0,
+        max_frame_bytes: int = 4 * 1024 * 1024,
+    ) -> None:
+        self._ws_client = require("websockets.asyncio.client", package="websockets", extra="client")
+        self.url = url
+        self.player_id = player_id
+        self.tool_handler = tool_handler
+        self.reconnect = reconnect
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.timeout_s = timeout_s
+        self.max_frame_bytes = max_frame_bytes
+        self.session_id = ""
+        self.resume_token: str | None = None
+        self.resumes = 0
+        """How many times the session was resumed after a dropped connection."""
+        self.events: asyncio.Queue[ServerMessage] = asyncio.Queue()
+        self._turns: dict[str, Turn] = {}
+        self._intents: dict[str, asyncio.Future[IntentUpdate]] = {}
+        self._ws: Any = None
+        self._connected = asyncio.Event()
+        self._welcome: asyncio.Future[Welcome] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reader: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def connect(self) -> Welcome:
+        """Connect and open (or resume) the session.
+
+        Raises:
+            ClientError: the server refused the session.
+            OSError, TimeoutError: the server cannot be reached.
+        """
+        async with asyncio.timeout(self.timeout_s):
+            welcome = await self._open()
+        self._reader = asyncio.create_task(self._read_forever())
+        return welcome
+
+    async def _open(self) -> Welcome:
+        self._ws = await self._ws_client.connect(
+            self.url, max_size=self.max_frame_bytes, open_timeout=self.timeout_s
+        )
+        resume = self.resume_token is not None
+        start = SessionStart(
+            player_id=self.player_id,
+            session_id=self.session_id if resume else None,
+            resume_token=self.resume_token,
+        )
+        await self._ws.send(dump_message(start))
+        while True:
+            message = parse_server_message(await self._ws.recv())
+            if isinstance(message, Welcome):
+                break
+            if isinstance(message, Error):
+                await self._ws.close()
+                raise ClientError(f"{message.code}: {message.message}", error=message)
+            self._route(message)
+        self.session_id, self.resume_token = message.session_id, message.resume_token
+        if message.resumed:
+            self.resumes += 1
+        self._connected.set()
+        return message
+
+    async def aclose(self) -> None:
+        """End the session and close the connection; owned tasks are cancelled and awaited."""
+        self._closing = True
+        if self._ws is not None and self._connected.is_set():
+            with contextlib.suppress(Exception):
+                await self._ws.send(dump_message(SessionEnd(session_id=self.session_id)))
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                await self._ws.close()
+        tasks = [t for t in (self._reader, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def __aenter__(self) -> MythicClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- sending ------------------------------------------------------------------------------
+
+    async def send(self, message: ClientMessage) -> None:
+        """Send a message, waiting (up to `timeout_s`) while the client reconnects."""
+        async with asyncio.timeout(self.timeout_s):
+            while True:
+                await self._connected.wait()
+                try:
+                    await self._ws.send(dump_message(message))
+                    return
+                except self._closed_errors() as exc:
+                    if not self.reconnect:
+                        raise ConnectionLostError(f"connection closed: {exc}") from exc
+                    self._connected.clear()
+
+    async def say(self, npc_id: str, text: str, *, turn_id: str | None = None) -> Turn:
+        """Say `text` to `npc_id`; iterate the returned turn for the reply."""
+        turn = Turn(self, npc_id, turn_id or f"t-{uuid.uuid4().hex[:12]}")
+        self._turns[turn.turn_id] = turn
+        try:
+            await self.send(
+                PlayerUtterance(
+                    npc_id=npc_id,
+                    session_id=self.session_id,
+                    turn_id=turn.turn_id,
+                    text=text,
+                    player_id=self.player_id,
+                )
+            )
+        except BaseException:
+            self._turns.pop(turn.turn_id, None)
+            raise
+        return turn
+
+    async def scene(
+        self,
+        npc_id: str,
+        *,
+        zone: str | None = None,
+        time: str | None = None,
+        objects: dict[str, float] | None = None,
+    ) -> None:
+        """Tell an NPC what it perceives (`objects`: id -> distance)."""
+        await self.send(
+            SceneUpdate(
+                npc_id=npc_id,
+                zone=zone,
+                time=time,
+                objects=(
+                    tuple(SceneObject(id=k, dist=float(v)) for k, v in objects.items())
+                    if objects is not None
+                    else None
+                ),
+            )
+        )
+
+    async def intent(
+        self, npc_id: str, *, context: str | None = None, with_bark: bool = False
+    ) -> IntentUpdate:
+        """Ask for an NPC's intent and wait for it.
+
+        Raises:
+            ClientError: the server answered with an error.
+        """
+        request_id = f"i-{uuid.uuid4().hex[:12]}"
+        answer: asyncio.Future[IntentUpdate] = asyncio.get_running_loop().create_future()
+        self._intents[request_id] = answer
+        try:
+            await self.send(
+                IntentRequest(
+                    npc_id=npc_id, request_id=request_id, context=context, with_bark=with_bark
+                )
+            )
+            async with asyncio.timeout(self.timeout_s):
+                return await answer
+        finally:
+            self._intents.pop(request_id, None)
+
+    async def ack(
+        self,
+        call: ToolCall,
+        status: Literal["ok", "error", "rejected", "duplicate"] = "ok",
+        result: dict[str, Any] | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Answer a tool call."""
+        await self.send(
+            Ack(
+                ack_of="ToolCall",
+                status=status,
+                turn_id=call.turn_id,
+                call_id=call.call_id,
+                result=result,
+                message=message,
+            )
+        )
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    def _closed_errors(self) -> tuple[type[Exception], ...]:
+        exceptions = require("websockets.exceptions", package="websockets", extra="client")
+        closed: type[Exception] = exceptions.ConnectionClosed
+        return (closed, OSError)
+
+    async def _read_forever(self) -> None:
+        backoff = self.backoff_s
+        while True:
+            try:
+                async for frame in self._ws:
+                    try:
+                        self._route(parse_server_message(frame))
+                    except ProtocolError as exc:
+                        log.warning("unreadable message from the server: %s", exc)
+            except self._closed_errors():
+                pass
+            self._connected.clear()
+            self._lost()
+            if self._closing or not self.reconnect:
+                return
+            while True:
+                await asyncio.sleep(backoff)
+                try:
+                    async with asyncio.timeout(self.timeout_s):
+                        await self._open()
+                    backoff = self.backoff_s
+                    break
+                except ClientError as exc:
+                    if exc.error is not None and exc.error.code == "unknown_session":
+                        # The session expired: start a fresh one.
+                        self.resume_token = None
+                    else:
+                        raise
+                except TimeoutError:
+                    backoff = min(self.max_backoff_s, backoff * 2)
+                except self._closed_errors():
+                    backoff = min(self.max_backoff_s, backoff * 2)
+
+    def _lost(self) -> None:
+        for turn in list(self._turns.values()):
+            turn._put(ConnectionLostError(f"connection lost during turn {turn.turn_id}"))
+        self._turns.clear()
+
+    def _route(self, message: ServerMessage) -> None:
+        turn_id = getattr(message, "turn_id", None)
+        turn = self._turns.get(turn_id) if turn_id else None
+        match message:
+            case LLMStreamDelta() | Cutoff() if turn is not None:
+                turn._put(message)
+                return
+            case ToolCall():
+                if self.tool_handler is not None:
+                    task = asyncio.create_task(self._handle_tool(message))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                if turn is not None:
+                    turn._put(message)
+                    return
+            case Error() if turn is not None:
+                turn._put(message)
+                return
+            case IntentUpdate() if message.request_id in self._intents:
+                future = self._intents[message.request_id]
+                if not future.done():
+                    future.set_result(message)
+                return
+        self.events.put_nowait(message)
+
+    async def _handle_tool(self, call: ToolCall) -> None:
+        assert self.tool_handler is not None
+        try:
+            status, result = await self.tool_handler(call)
+        except MythicError as exc:
+            await self.ack(call, "error", message=str(exc)[:400])
+            return
+        await self.ack(call, status, result)

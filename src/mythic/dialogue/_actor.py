@@ -1,0 +1,680 @@
+"""One NPC's actor: an asyncio task with a priority mailbox and the dialogue state machine.
+
+A player line becomes a turn: the reply streams from the dialogue engine (silver) while a
+gold request on the intent engine classifies the line and picks at most one game tool. Reply
+deltas go to the session as they come and through the phrase buffer for speech; a tool call
+goes out after the reply, waits for the game's `Ack`, and its result is voiced in a short
+follow-up. A new line from the same session, or a `Cutoff`, barges in: the turn stops within
+one engine step and what was said stays in the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from mythic._errors import MythicError
+from mythic.contracts import (
+    Cutoff,
+    Error,
+    IntentRequest,
+    IntentUpdate,
+    LLMStreamDelta,
+    NPCState,
+    SceneObject,
+)
+from mythic.dialogue._conversation import chat_sampling, persona_prompt
+from mythic.dialogue._events import (
+    AskIntent,
+    Event,
+    PlayerLine,
+    SceneChange,
+    SessionGone,
+    StopTurn,
+    TurnDone,
+)
+from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError
+from mythic.dialogue._phrases import PhraseBuffer
+from mythic.dialogue._states import DialogueState, DialogueStateMachine
+from mythic.dialogue._tools import (
+    INTENTS,
+    TOOLS,
+    TOOLS_BY_INTENT,
+    ToolArgumentError,
+    decision_schema,
+    describe_tools,
+    validate_call,
+)
+from mythic.engine import (
+    ChatMessage,
+    ContextOverflowError,
+    EngineError,
+    GenerationRequest,
+    Priority,
+    RequestError,
+    Sampling,
+)
+
+if TYPE_CHECKING:
+    from mythic.dialogue._cast import Cast, ToolOutcome
+
+log = logging.getLogger(__name__)
+
+Finish = Literal["stop", "length", "tool_call", "cutoff", "error"]
+MAX_BARK_WORDS = 8
+
+
+@dataclass(slots=True)
+class Scene:
+    """What the NPC perceives, from the game's `SceneUpdate`s."""
+
+    zone: str | None = None
+    time: str | None = None
+    objects: tuple[SceneObject, ...] = ()
+
+    def describe(self) -> str | None:
+        parts = []
+        if self.zone:
+            parts.append(f"zone {self.zone}")
+        if self.time:
+            parts.append(f"time {self.time}")
+        if self.objects:
+            near = ", ".join(f"{o.id} ({o.dist:g} away)" for o in self.objects[:12])
+            parts.append(f"nearby: {near}")
+        return "Scene now: " + "; ".join(parts) if parts else None
+
+
+@dataclass(slots=True)
+class Decision:
+    """What the intent engine chose for a turn."""
+
+    intent: str
+    tool: tuple[str, dict[str, Any]] | None
+
+
+@dataclass(slots=True)
+class _Turn:
+    line: PlayerLine
+    task: asyncio.Task[None]
+    stop_reason: str | None = None
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    """What a finished turn did, for `GET /v1/npcs/{id}` and the tests."""
+
+    session_id: str
+    turn_id: str
+    text: str
+    finish: Finish
+    intent: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+class NPCActor:
+    """The actor of one NPC: its mailbox, dialogue state, scene, and one history per session."""
+
+    def __init__(self, cast: Cast, npc_id: str) -> None:
+        self.cast = cast
+        self.npc_id = npc_id
+        self.persona = cast.world.npc(npc_id)
+        self.short_name = self.persona.name.split(",")[0]
+        self.mailbox: Mailbox[Event] = Mailbox(cast.settings.dialogue.mailbox_size)
+        self.machine = DialogueStateMachine(self._state_changed)
+        self.scene = Scene(zone=self.persona.zone)
+        self.histories: dict[str, list[ChatMessage]] = {}
+        self.system = ChatMessage("system", persona_prompt(cast.world, self.persona))
+        self.last_intent: IntentUpdate | None = None
+        self.last_turn: TurnRecord | None = None
+        self._turn: _Turn | None = None
+        self._held: deque[PlayerLine] = deque()
+        self._intent_task: asyncio.Task[None] | None = None
+        self._next_intent: AskIntent | None = None
+        self._session_of_state: str | None = None
+        self._turn_of_state: str | None = None
+
+    @property
+    def state(self) -> DialogueState:
+        return self.machine.state
+
+    @property
+    def busy_session(self) -> str | None:
+        """The session whose turn is running, if any."""
+        return self._turn.line.session_id if self._turn else None
+
+    def deliver(self, event: Event) -> None:
+        """Put an event in the mailbox, in its lane.
+
+        Raises:
+            MailboxFullError: too many lines or intent requests are waiting.
+            MailboxClosedError: the actor has stopped.
+        """
+        lane = (
+            Lane.SPEECH
+            if isinstance(event, PlayerLine)
+            else Lane.DATA
+            if isinstance(event, AskIntent)
+            else Lane.SYSTEM
+        )
+        self.mailbox.put(event, lane)
+
+    def reset_after_crash(self) -> None:
+        """After a bug crashed the loop (its tasks are gone): back to idle, history kept."""
+        self.machine = DialogueStateMachine(self._state_changed)
+        self._turn = None
+        self._intent_task = self._next_intent = None
+        self._session_of_state = self._turn_of_state = None
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the mailbox until cancelled; every turn and intent task is owned here."""
+        async with asyncio.TaskGroup() as tasks:
+            try:
+                while True:
+                    event = await self.mailbox.get()
+                    await self._handle(event, tasks)
+            except MailboxClosedError:
+                pass
+            finally:
+                # Cancel and await our children before the group exits.
+                await self._stop_turn("cancelled", announce=False)
+                if self._intent_task is not None:
+                    self._intent_task.cancel()
+
+    async def _handle(self, event: Event, tasks: asyncio.TaskGroup) -> None:
+        match event:
+            case PlayerLine():
+                if self._turn is None:
+                    self._start_turn(event, tasks)
+                elif self._turn.line.session_id == event.session_id:
+                    # The player spoke over the NPC: barge-in, then answer the new line.
+                    await self._stop_turn("barge_in", announce=True)
+                    self._start_turn(event, tasks)
+                else:
+                    self._held.append(event)
+            case StopTurn():
+                turn = self._turn
+                if (
+                    turn is not None
+                    and turn.line.session_id == event.session_id
+                    and event.turn_id in (None, turn.line.turn_id)
+                ):
+                    self.mailbox.drop()
+                    self._held = deque(h for h in self._held if h.session_id != event.session_id)
+                    await self._stop_turn(event.reason, announce=False)
+                    self._next_held(tasks)
+            case SceneChange(update=update):
+                if update.zone is not None:
+                    self.scene.zone = update.zone
+                if update.time is not None:
+                    self.scene.time = update.time
+                if update.objects is not None:
+                    self.scene.objects = update.objects
+            case AskIntent():
+                if self._intent_task is None or self._intent_task.done():
+                    self._intent_task = tasks.create_task(self._serve_intent(event))
+                else:
+                    self._next_intent = event  # the newest request wins
+            case SessionGone(session_id=session_id, forget=forget):
+                self._held = deque(h for h in self._held if h.session_id != session_id)
+                if self._turn is not None and self._turn.line.session_id == session_id:
+                    await self._stop_turn("cancelled", announce=False)
+                    self._next_held(tasks)
+                if forget:
+                    self.histories.pop(session_id, None)
+            case TurnDone():
+                if self._turn is not None and self._turn.task.done():
+                    self._turn = None
+                self._next_held(tasks)
+
+    def _start_turn(self, line: PlayerLine, tasks: asyncio.TaskGroup) -> None:
+        task = tasks.create_task(self._run_turn(line), name=f"turn {self.npc_id}/{line.turn_id}")
+        self._turn = _Turn(line, task)
+        task.add_done_callback(lambda _: self._turn_done())
+
+    def _turn_done(self) -> None:
+        with contextlib.suppress(MailboxClosedError):
+            self.mailbox.put(TurnDone(), Lane.SYSTEM)
+
+    def _next_held(self, tasks: asyncio.TaskGroup) -> None:
+        if self._turn is None and self._held:
+            self._start_turn(self._held.popleft(), tasks)
+
+    async def _stop_turn(self, reason: str, *, announce: bool) -> None:
+        """Stop the running turn and wait until it has cleaned up (its engine request is
+        cancelled by then). `announce`: also tell the client to stop playing it (`Cutoff`)."""
+        turn, self._turn = self._turn, None
+        if turn is None or turn.task.done():
+            return
+        turn.stop_reason = reason
+        if announce:
+            self.cast.send(
+                turn.line.session_id,
+                Cutoff(
+                    npc_id=self.npc_id,
+                    session_id=turn.line.session_id,
+                    turn_id=turn.line.turn_id,
+                    reason="barge_in" if reason == "barge_in" else "cancelled",
+                ),
+            )
+        turn.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await turn.task
+        self.cast.stats.barge_ins += 1
+
+    # -- state events -------------------------------------------------------------------------
+
+    def _state_changed(self, state: DialogueState) -> None:
+        if self._session_of_state is None:
+            return
+        self.cast.send(
+            self._session_of_state,
+            NPCState(
+                npc_id=self.npc_id,
+                state=state.value,
+                session_id=self._session_of_state,
+                turn_id=self._turn_of_state,
+            ),
+        )
+
+    # -- a turn -------------------------------------------------------------------------------
+
+    async def _run_turn(self, line: PlayerLine) -> None:
+        cast, session = self.cast, line.session_id
+        self._session_of_state, self._turn_of_state = session, line.turn_id
+        self.machine.to(DialogueState.LISTENING)
+        history = self.histories.setdefault(session, [])
+        out = _TurnOutput(self, line)
+        decision_task: asyncio.Task[Decision | None] | None = None
+        speaking = False
+        try:
+            self.machine.to(DialogueState.THINKING)
+            if cast.settings.dialogue.decide:
+                decision_task = asyncio.create_task(self._decide(line, history))
+            user = ChatMessage("user", line.text)
+            async for text in self._generate(out, history, user):
+                if not speaking:
+                    await cast.speakers.acquire()
+                    speaking = True
+                    self.machine.to(DialogueState.SPEAKING)
+                out.say(text)
+            decision = await decision_task if decision_task else None
+            decision_task = None
+            if decision is not None:
+                out.intent = decision.intent
+                self._push_intent(session, decision.intent)
+            if decision is not None and decision.tool is not None and line.tools:
+                await self._call_tool(out, history, decision.tool)
+        except asyncio.CancelledError:
+            out.reason = "cutoff"
+            self.machine.to(DialogueState.BARGE_IN)
+            raise
+        except (RequestError, EngineError) as exc:
+            out.reason = "error"
+            cast.send(session, _error(exc, turn_id=line.turn_id))
+        finally:
+            if decision_task is not None:
+                decision_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, MythicError):
+                    await decision_task
+            out.close()
+            said = out.text().strip()
+            if out.history_open:
+                history.append(ChatMessage("assistant", said or "..."))
+            elif said:
+                history += [ChatMessage("user", line.text), ChatMessage("assistant", said)]
+            # Keep twice what a prompt uses; whole exchanges (an even count) go first.
+            limit = 4 * cast.settings.chat.history_turns
+            if len(history) > limit:
+                del history[: (len(history) - limit + 1) // 2 * 2]
+            self.last_turn = TurnRecord(
+                session, line.turn_id, said, out.reason, out.intent, out.tool_calls
+            )
+            cast.stats.turn_finished(out.reason)
+            if speaking:
+                cast.speakers.release()
+            self.machine.to(DialogueState.IDLE)
+            self._session_of_state = self._turn_of_state = None
+
+    def _reply_messages(
+        self, history: list[ChatMessage], *tail: ChatMessage, drop: int = 0
+    ) -> list[ChatMessage] | None:
+        """Persona, recent history without its `drop` oldest exchanges, the scene, then
+        `tail`; None when there are not `drop` exchanges left to drop."""
+        keep = self.cast.settings.chat.history_turns
+        recent = history[-2 * keep :] if keep else []
+        if drop and 2 * drop > len(recent):
+            return None
+        messages = [self.system, *recent[2 * drop :]]
+        scene = self.scene.describe()
+        if scene:
+            messages.append(ChatMessage("system", scene))
+        return [*messages, *tail]
+
+    async def _generate(
+        self, out: _TurnOutput, history: list[ChatMessage], *tail: ChatMessage
+    ) -> AsyncIterator[str]:
+        """Stream a reply to `tail`, dropping the oldest exchanges while the prompt overflows
+        the context; the engine's finish reason lands in `out.reason`.
+
+        Raises:
+            ContextOverflowError: even the persona and `tail` alone do not fit.
+        """
+        drop = 0
+        while True:
+            messages = self._reply_messages(history, *tail, drop=drop)
+            if messages is None:
+                raise ContextOverflowError(
+                    "the persona and this line do not fit the model's context; say less"
+                )
+            request = GenerationRequest(
+                npc_id=self.npc_id,
+                session_id=out.line.session_id,
+                messages=messages,
+                priority=Priority.SILVER,
+                sampling=chat_sampling(self.cast.settings.chat),
+            )
+            try:
+                stream = self.cast.engine.submit(request)
+                break
+            except ContextOverflowError:
+                drop += 1
+        async with stream:
+            async for delta in stream:
+                if delta.text:
+                    yield delta.text
+                if delta.finish_reason == "length":
+                    out.reason = "length"
+
+    # -- decisions: intent and tool -----------------------------------------------------------
+
+    def _decision_prompt(self, tools: list[str]) -> str:
+        places = self._places()
+        lines = [
+            f"You decide what {self.short_name}, a {self.persona.archetype} in the video game "
+            f"world {self.cast.world.name}, does when the player speaks.",
+            "Intents: chitchat (small talk), trade (buying, selling, prices), quest (tasks, "
+            "jobs), hint (help, secrets), combat (threats, fighting), navigation (the way "
+            "somewhere, where something is), admin (the game itself).",
+        ]
+        if tools:
+            lines += [
+                f"Actions {self.short_name} can take in the game:",
+                describe_tools(tools),
+                "Places: " + ", ".join(places) + ".",
+                "Take an action only when the player asks for it (set_waypoint or set_marker "
+                "when they ask the way, open_dialog or give_item to trade); otherwise null.",
+            ]
+        scene = self.scene.describe()
+        if scene:
+            lines.append(scene)
+        lines.append('Answer with JSON: {"intent": ..., "action": null or {"name", "args"}}.')
+        return "\n".join(lines)
+
+    def _places(self) -> list[str]:
+        return list(self.cast.world.card.zones) or ["here"]
+
+    def _targets(self) -> list[str]:
+        ids = ["player", *(o.id for o in self.scene.objects if o.id != "player")]
+        return ids[:32]
+
+    async def _decide(self, line: PlayerLine, history: list[ChatMessage]) -> Decision | None:
+        """The intent of the line and at most one tool call, by a gold constrained request.
+
+        A refused or failed decision is logged and counts as none: the reply goes on.
+        """
+        tools = list(TOOLS) if line.tools else []
+        schema = decision_schema(tools, places=self._places(), targets=self._targets())
+        last = history[-2:]
+        request = GenerationRequest(
+            npc_id=self.npc_id,
+            session_id=f"{line.session_id}/decide",
+            messages=[
+                ChatMessage("system", self._decision_prompt(tools)),
+                *last,
+                ChatMessage("user", line.text),
+            ],
+            priority=Priority.GOLD,
+            json_schema=schema,
+            sampling=Sampling(
+                max_tokens=self.cast.settings.dialogue.decision_max_tokens, temperature=0.0
+            ),
+        )
+        try:
+            async with self.cast.intent_engine.submit(request) as stream:
+                done = await stream.collect()
+            data = json.loads(done.text)
+        except (RequestError, EngineError, ValueError) as exc:
+            log.warning("decision for %s failed: %s", self.npc_id, exc)
+            self.cast.stats.decision_failures += 1
+            return None
+        intent = data.get("intent") if isinstance(data, dict) else None
+        if intent not in INTENTS:
+            self.cast.stats.decision_failures += 1
+            return None
+        action = data.get("action")
+        tool = None
+        if isinstance(action, dict):
+            try:
+                name = str(action.get("name"))
+                allowed = [t for t in TOOLS_BY_INTENT[intent] if t in tools]
+                tool = (name, validate_call(name, action.get("args"), allowed))
+            except ToolArgumentError as exc:
+                log.warning("%s chose an invalid tool call: %s", self.npc_id, exc)
+                self.cast.stats.tool_calls["invalid"] += 1
+        self.cast.stats.intents[intent] += 1
+        return Decision(intent, tool)
+
+    def _push_intent(self, session_id: str, intent: str) -> None:
+        update = IntentUpdate(npc_id=self.npc_id, intent=intent, target="player")  # type: ignore[arg-type]
+        self.last_intent = update
+        self.cast.send(session_id, update)
+
+    async def _call_tool(
+        self,
+        out: _TurnOutput,
+        history: list[ChatMessage],
+        tool: tuple[str, dict[str, Any]],
+    ) -> None:
+        """Send the call, wait for the game's Ack, then voice the result in a follow-up."""
+        name, args = tool
+        out.end_segment("tool_call")
+        self.machine.to(DialogueState.THINKING)
+        outcome = await self.cast.call_tool(
+            out.line.session_id, self.npc_id, out.line.turn_id, name, args
+        )
+        out.tool_calls.append({"name": name, "args": args, "status": outcome.status})
+        said = out.text().strip()
+        note = _tool_note(name, args, outcome)
+        # The follow-up joins the history as the NPC's next words (in the turn's `finally`).
+        history += [
+            ChatMessage("user", out.line.text),
+            ChatMessage("assistant", said or "..."),
+            ChatMessage("user", note),
+        ]
+        out.restart()
+        self.machine.to(DialogueState.SPEAKING)
+        async for text in self._generate(out, history[:-3], *history[-3:]):
+            out.say(text)
+
+    # -- intents for the game's controllers ---------------------------------------------------
+
+    async def _serve_intent(self, ask: AskIntent) -> None:
+        while True:
+            try:
+                update = await self._intent(ask.request)
+                self.last_intent = update
+                self.cast.send(ask.session_id, update)
+            except (RequestError, EngineError) as exc:
+                self.cast.send(ask.session_id, _error(exc, turn_id=None))
+            except (ValueError, KeyError) as exc:
+                # A decision cut at max_tokens is not whole JSON: say so, keep serving.
+                log.warning("intent for %s did not parse: %s", self.npc_id, exc)
+                self.cast.send(
+                    ask.session_id,
+                    Error(code="intent_failed", message="the intent did not complete; retry"),
+                )
+            if self._next_intent is None:
+                return
+            ask, self._next_intent = self._next_intent, None
+
+    async def _intent(self, ask: IntentRequest) -> IntentUpdate:
+        targets = self._targets()
+        props: dict[str, Any] = {
+            "intent": {"enum": list(INTENTS)},
+            "target": {"anyOf": [{"type": "null"}, {"enum": targets}]},
+            "urgency": {"type": "integer", "minimum": 0, "maximum": 9},
+        }
+        if ask.with_bark:
+            props["bark"] = {"type": "string", "minLength": 1, "maxLength": 48}
+        schema = {
+            "type": "object",
+            "properties": props,
+            "required": list(props),
+            "additionalProperties": False,
+        }
+        scene = self.scene.describe() or "Scene: unknown."
+        prompt = [
+            f"You decide what {self.short_name} ({self.persona.archetype}) wants to do next in "
+            f"a video game. How {self.short_name} speaks: {self.persona.style}.",
+            scene,
+        ]
+        if ask.context:
+            prompt.append(f"What just happened: {ask.context}")
+        history = next(iter(self.histories.values()), [])
+        if history:
+            prompt.append(f'The player last said: "{history[-2].content}"')
+        prompt.append(
+            "Answer with JSON: intent, target (who it is aimed at, or null), urgency 0-9"
+            + (", and a bark: a remark of a few words." if ask.with_bark else ".")
+        )
+        request = GenerationRequest(
+            npc_id=self.npc_id,
+            session_id="intent",
+            messages=[ChatMessage("system", "\n".join(prompt)), ChatMessage("user", "Decide.")],
+            priority=Priority.GOLD,
+            json_schema=schema,
+            sampling=Sampling(
+                max_tokens=self.cast.settings.dialogue.decision_max_tokens, temperature=0.0
+            ),
+        )
+        async with self.cast.intent_engine.submit(request) as stream:
+            done = await stream.collect()
+        data = json.loads(done.text)
+        bark = data.get("bark")
+        if isinstance(bark, str):
+            bark = " ".join(bark.split()[:MAX_BARK_WORDS]).strip() or None
+        target = data.get("target")
+        self.cast.stats.intents[data["intent"]] += 1
+        return IntentUpdate(
+            npc_id=self.npc_id,
+            intent=data["intent"],
+            target=target if isinstance(target, str) else None,
+            urgency=int(data["urgency"]) / 9,
+            bark=bark,
+            request_id=ask.request_id,
+        )
+
+
+class _TurnOutput:
+    """The deltas of one turn on the wire: numbered without gaps, phrase-buffered for speech,
+    ended by exactly one final delta per segment."""
+
+    def __init__(self, actor: NPCActor, line: PlayerLine) -> None:
+        self.actor = actor
+        self.line = line
+        self.seq = 0
+        self.reason: Finish = "stop"
+        self.intent: str | None = None
+        self.tool_calls: list[dict[str, Any]] = []
+        self.history_open = False
+        """The exchange and tool note are in the history; only the follow-up is missing."""
+        self._pieces: list[str] = []
+        self._segment_open = False
+        self._closed = False
+        dialogue = actor.cast.settings.dialogue
+        self._phrases = PhraseBuffer(min_s=dialogue.phrase_min_s, max_s=dialogue.phrase_max_s)
+
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+    def _delta(self, text: str, *, final: bool = False, reason: Finish | None = None) -> None:
+        cast = self.actor.cast
+        if self.seq == 0 and not final:
+            cast.stats.first_token(time.perf_counter() - self.line.received_at)
+        cast.send(
+            self.line.session_id,
+            LLMStreamDelta(
+                npc_id=self.actor.npc_id,
+                session_id=self.line.session_id,
+                turn_id=self.line.turn_id,
+                seq=self.seq,
+                delta=text,
+                final=final,
+                finish_reason=reason,
+            ),
+        )
+        self.seq += 1
+
+    def say(self, text: str) -> None:
+        self._segment_open = True
+        self._pieces.append(text)
+        self._delta(text)
+        for phrase in self._phrases.push(text, time.perf_counter()):
+            self.actor.cast.phrase(self.actor.npc_id, self.line.turn_id, phrase)
+
+    def _flush_phrases(self) -> None:
+        rest = self._phrases.flush()
+        if rest:
+            self.actor.cast.phrase(self.actor.npc_id, self.line.turn_id, rest)
+
+    def end_segment(self, reason: Finish) -> None:
+        self._flush_phrases()
+        self._delta("", final=True, reason=reason)
+        self._segment_open = False
+
+    def restart(self) -> None:
+        """A follow-up segment of the same turn starts (after a tool call)."""
+        self._pieces = []
+        self._segment_open = True
+        self.history_open = True
+        self.reason = "stop"
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._segment_open or self.seq == 0 or self.reason in ("cutoff", "error"):
+                self.end_segment(self.reason)
+
+
+def _tool_note(name: str, args: dict[str, Any], outcome: ToolOutcome) -> str:
+    """How the game's answer reaches the model: a bracketed line in the player's turn."""
+    described = json.dumps(args, ensure_ascii=False)
+    if outcome.status == "ok":
+        result = (
+            f" Result: {json.dumps(outcome.result, ensure_ascii=False)}." if outcome.result else ""
+        )
+        return f"[The game did {name} {described}.{result} Tell the player, in one sentence.]"
+    why = f" ({outcome.message})" if outcome.message else ""
+    return (
+        f"[{name} {described} did not happen: {outcome.status}{why}. "
+        "Tell the player, in one sentence.]"
+    )
+
+
+def _error(exc: MythicError, *, turn_id: str | None) -> Error:
+    code = type(exc).__name__.removesuffix("Error") or "EngineError"
+    return Error(
+        code=code[:64],
+        message=exc.message[:500],
+        turn_id=turn_id,
+        retryable=exc.retryable,
+    )

@@ -1,0 +1,276 @@
+"""The NPCs in play: one actor per active NPC, the speaker limit, and the game's tool calls.
+
+The cast is the dialogue layer's one entry point for a gateway: `deliver` routes a client
+message to its NPC's mailbox without waiting, `ack` resolves a pending tool call, and
+everything the NPCs say goes out through the `Outbox` the gateway provides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from mythic._errors import MythicError
+from mythic.config import MythicSettings
+from mythic.contracts import (
+    Ack,
+    ClientMessage,
+    Cutoff,
+    Error,
+    IntentRequest,
+    PlayerUtterance,
+    SceneUpdate,
+    ServerMessage,
+    ToolCall,
+)
+from mythic.dialogue._actor import NPCActor
+from mythic.dialogue._events import AskIntent, PlayerLine, SceneChange, SessionGone, StopTurn
+from mythic.engine import Engine
+from mythic.knowledge import World
+
+log = logging.getLogger(__name__)
+
+_SAMPLES = 2048
+_ANSWERED = 4096
+
+
+class Outbox(Protocol):
+    """Where the NPCs' messages go: the gateway's per-session queue. Must not block."""
+
+    def __call__(self, session_id: str, message: ServerMessage) -> None: ...
+
+
+class UnknownNPCError(MythicError):
+    """The message names an NPC the world does not have."""
+
+
+class UnknownCallError(MythicError):
+    """An `Ack` names a call_id this session has no pending `ToolCall` for."""
+
+
+@dataclass(slots=True, frozen=True)
+class ToolOutcome:
+    """How the game answered a tool call."""
+
+    status: Literal["ok", "error", "rejected", "timeout"]
+    result: dict[str, Any] | None = None
+    message: str | None = None
+
+
+@dataclass(slots=True)
+class _PendingCall:
+    session_id: str
+    answer: asyncio.Future[Ack]
+
+
+@dataclass(slots=True)
+class DialogueStats:
+    """Counters for /metrics; the dialogue layer knows nothing of Prometheus."""
+
+    turns: Counter[str] = field(default_factory=Counter)
+    """Finished turns by finish reason."""
+    tool_calls: Counter[str] = field(default_factory=Counter)
+    """Tool calls by outcome (ok, error, rejected, timeout, invalid, retried)."""
+    intents: Counter[str] = field(default_factory=Counter)
+    barge_ins: int = 0
+    decision_failures: int = 0
+    actor_restarts: int = 0
+    phrases: int = 0
+    first_tokens: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
+    """Seconds from a player line's arrival to its first reply delta."""
+
+    def turn_finished(self, reason: str) -> None:
+        self.turns[reason] += 1
+
+    def first_token(self, seconds: float) -> None:
+        self.first_tokens.append(seconds)
+
+
+class Cast:
+    """Owns the actors of the active NPCs: starts one on its NPC's first message, cancels and
+    awaits all of them on `aclose`, and restarts one that crashes."""
+
+    def __init__(
+        self,
+        world: World,
+        engine: Engine,
+        settings: MythicSettings,
+        outbox: Outbox,
+        *,
+        intent_engine: Engine | None = None,
+        on_phrase: Callable[[str, str, str], None] | None = None,
+    ) -> None:
+        self.world = world
+        self.engine = engine
+        self.intent_engine = intent_engine or engine
+        self.settings = settings
+        self.send = outbox
+        self.stats = DialogueStats()
+        self.speakers = asyncio.Semaphore(settings.dialogue.max_concurrent_speakers)
+        self.actors: dict[str, NPCActor] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._calls: dict[str, _PendingCall] = {}
+        self._answered: OrderedDict[str, None] = OrderedDict()
+        self._on_phrase = on_phrase
+        self._closed = False
+
+    # -- routing ------------------------------------------------------------------------------
+
+    def actor(self, npc_id: str) -> NPCActor:
+        """The actor of `npc_id`, started on first use.
+
+        Raises:
+            UnknownNPCError: the world has no such NPC.
+        """
+        actor = self.actors.get(npc_id)
+        if actor is not None:
+            return actor
+        if self._closed:
+            raise MythicError("the server is shutting down")
+        try:
+            actor = NPCActor(self, npc_id)
+        except KeyError as exc:
+            raise UnknownNPCError(str(exc.args[0])) from None
+        self.actors[npc_id] = actor
+        self._tasks[npc_id] = asyncio.create_task(self._supervise(actor), name=f"npc {npc_id}")
+        return actor
+
+    def deliver(self, session_id: str, message: ClientMessage, *, tools: bool = True) -> None:
+        """Route a client message to its NPC without waiting.
+
+        Raises:
+            UnknownNPCError: the message names an NPC the world does not have.
+            UnknownCallError: an `Ack` for no pending call of this session.
+            MailboxFullError: the NPC has too many lines or intent requests waiting.
+        """
+        now = time.perf_counter()
+        match message:
+            case PlayerUtterance():
+                self.actor(message.npc_id).deliver(
+                    PlayerLine(session_id, message.turn_id, message.text, now, tools)
+                )
+            case Cutoff():
+                self.actor(message.npc_id).deliver(
+                    StopTurn(session_id, message.turn_id, message.reason)
+                )
+            case SceneUpdate():
+                self.actor(message.npc_id).deliver(SceneChange(message))
+            case IntentRequest():
+                self.actor(message.npc_id).deliver(AskIntent(session_id, message))
+            case Ack():
+                self.ack(session_id, message)
+            case _:
+                raise MythicError(f"{message.type} is not routed to NPCs")
+
+    def session_gone(self, session_id: str, *, forget: bool) -> None:
+        """A session disconnected (`forget=False`: it may resume) or ended: its turns stop."""
+        for actor in self.actors.values():
+            actor.deliver(SessionGone(session_id, forget))
+        for call in self._calls.values():
+            if call.session_id == session_id and not call.answer.done():
+                call.answer.cancel()
+
+    def phrase(self, npc_id: str, turn_id: str, text: str) -> None:
+        """A phrase of a reply is ready for speech synthesis."""
+        self.stats.phrases += 1
+        if self._on_phrase is not None:
+            self._on_phrase(npc_id, turn_id, text)
+
+    # -- tool calls ---------------------------------------------------------------------------
+
+    async def call_tool(
+        self, session_id: str, npc_id: str, turn_id: str, name: str, args: dict[str, Any]
+    ) -> ToolOutcome:
+        """Send a `ToolCall` and wait for its `Ack`, sending it again (same call_id) with a
+        doubling wait when unanswered; a timeout is reported to the client as `TOOL_TIMEOUT`."""
+        dialogue = self.settings.dialogue
+        call_id = f"c-{uuid.uuid4().hex[:16]}"
+        answer: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = _PendingCall(session_id, answer)
+        call = ToolCall(name=name, args=args, npc_id=npc_id, turn_id=turn_id, call_id=call_id)
+        try:
+            wait = dialogue.tool_timeout_s
+            for attempt in range(dialogue.tool_retries + 1):
+                if attempt:
+                    self.stats.tool_calls["retried"] += 1
+                self.send(session_id, call)
+                try:
+                    async with asyncio.timeout(wait):
+                        ack = await asyncio.shield(answer)
+                except TimeoutError:
+                    wait *= 2
+                    continue
+                status = "ok" if ack.status == "duplicate" else ack.status
+                self.stats.tool_calls[status] += 1
+                return ToolOutcome(status, ack.result, ack.message)
+            self.stats.tool_calls["timeout"] += 1
+            self.send(
+                session_id,
+                Error(
+                    code="TOOL_TIMEOUT",
+                    message=f"{name} was not acknowledged after {dialogue.tool_retries + 1} tries",
+                    turn_id=turn_id,
+                    call_id=call_id,
+                    retryable=False,
+                ),
+            )
+            return ToolOutcome("timeout", message="the game did not answer")
+        finally:
+            del self._calls[call_id]
+            self._answered[call_id] = None
+            while len(self._answered) > _ANSWERED:
+                self._answered.popitem(last=False)
+
+    def ack(self, session_id: str, ack: Ack) -> None:
+        """The game's answer to a tool call. A second Ack of the same call is ignored.
+
+        Raises:
+            UnknownCallError: no call with this id was sent to this session.
+        """
+        if ack.ack_of != "ToolCall" or ack.call_id is None:
+            return  # acknowledgements of other messages need no action
+        pending = self._calls.get(ack.call_id)
+        if pending is None or pending.session_id != session_id:
+            if ack.call_id in self._answered and pending is None:
+                return  # a duplicate or late Ack: the call is settled
+            raise UnknownCallError(f"no pending ToolCall with call_id {ack.call_id!r}")
+        if not pending.answer.done():
+            pending.answer.set_result(ack)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def _supervise(self, actor: NPCActor) -> None:
+        """Run an actor; if it crashes (a bug), log it and start a fresh loop on the same state,
+        so one NPC's failure never takes the server or another NPC down."""
+        while True:
+            try:
+                await actor.run()
+                return
+            except Exception:  # top-level handler of the actor task
+                log.exception("NPC %s crashed; restarting its actor", actor.npc_id)
+                self.stats.actor_restarts += 1
+                actor.reset_after_crash()
+
+    async def aclose(self) -> None:
+        """Stop every actor: cancel, and wait until each has cancelled its turns."""
+        self._closed = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def __aenter__(self) -> Cast:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

@@ -1,0 +1,79 @@
+"""Phrase buffering: streamed reply text coalesced into phrases a speech synthesiser can say
+with stable prosody (technical design, section 5.4)."""
+
+from __future__ import annotations
+
+import re
+
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*(?=\s)")
+_CLAUSE_END = re.compile(r"[,;:\u2014\u2013]+(?=\s)")
+
+
+class PhraseBuffer:
+    """Collects deltas and hands out phrases.
+
+    A phrase ends at a sentence boundary once `min_s` of text has built up, or at a clause
+    boundary once `max_s` has; one to two sentences are coalesced. A very short first sentence
+    ("Mm-hm.") goes out at once so a backchannel is not held back. `flush` returns the rest at
+    the end of the reply. Time is passed in (`now`, seconds) so the buffer stays I/O-free and
+    testable.
+    """
+
+    def __init__(
+        self,
+        *,
+        min_s: float = 0.2,
+        max_s: float = 0.4,
+        max_chars: int = 240,
+        short_words: int = 3,
+    ) -> None:
+        self.min_s = min_s
+        self.max_s = max_s
+        self.max_chars = max_chars
+        self.short_words = short_words
+        self._text = ""
+        self._since: float | None = None
+        self._emitted = 0
+
+    def push(self, text: str, now: float) -> list[str]:
+        """Add a delta received at `now`; the phrases now complete (often none)."""
+        if not text:
+            return []
+        if self._since is None:
+            self._since = now
+        self._text += text
+        phrases: list[str] = []
+        while (cut := self._cut(now)) is not None:
+            phrase, self._text = self._text[:cut].strip(), self._text[cut:].lstrip()
+            self._since = now if self._text else None
+            if phrase:
+                phrases.append(phrase)
+                self._emitted += 1
+        return phrases
+
+    def flush(self) -> str | None:
+        """The text left at the end of the reply, if any; the buffer is reset."""
+        rest, self._text, self._since, self._emitted = self._text.strip(), "", None, 0
+        return rest or None
+
+    def _cut(self, now: float) -> int | None:
+        """Where the next phrase ends, or None to keep buffering."""
+        if not self._text or self._since is None:
+            return None
+        waited = now - self._since
+        sentences = [m.end() for m in _SENTENCE_END.finditer(self._text)]
+        if sentences:
+            first = self._text[: sentences[0]]
+            if self._emitted == 0 and len(first.split()) <= self.short_words:
+                return sentences[0]
+            if waited >= self.min_s or len(sentences) >= 2:
+                # One or two sentences per phrase, never more.
+                return sentences[min(len(sentences), 2) - 1]
+        if waited >= self.max_s:
+            clauses = [m.end() for m in _CLAUSE_END.finditer(self._text)]
+            if clauses:
+                return clauses[-1]
+        if len(self._text) >= self.max_chars:
+            space = self._text.rfind(" ", 0, self.max_chars)
+            return space if space > 0 else self.max_chars
+        return None

@@ -1,0 +1,341 @@
+"""The gateway: the FastAPI app that puts a world's NPCs on WebSocket and HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, HTTPException, WebSocket
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from mythic._errors import MythicError
+from mythic.config import MythicSettings
+from mythic.contracts import MAX_TEXT_CHARS, LLMStreamDelta, PlayerUtterance, ServerMessage
+from mythic.dialogue import Cast, MailboxFullError, TurnRecord, UnknownNPCError
+from mythic.engine import ChatMessage, Engine, GenerationRequest, Priority, Sampling
+from mythic.knowledge import World
+from mythic.server._sessions import Session, Sessions
+
+if TYPE_CHECKING:
+    from mythic.server._socket import Connection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class GatewayMetrics:
+    """Counters of the gateway itself, exported at /metrics."""
+
+    connections: int = 0
+    open_connections: int = 0
+    frames_in: int = 0
+    messages_in: Counter[str] = field(default_factory=Counter)
+    messages_out: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    """Errors sent to clients, by code."""
+
+
+class SayRequest(BaseModel):
+    """`POST /v1/npcs/{id}/say`: one player line, answered in full."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
+    """What the player says."""
+    session_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    """Continue this HTTP conversation (its history); leave out for a fresh one."""
+
+
+class SayReply(BaseModel):
+    npc_id: str
+    session_id: str
+    turn_id: str
+    text: str
+    finish_reason: str
+    intent: str | None
+
+
+class WarmupRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    npcs: list[str] = Field(default_factory=list, max_length=256)
+    """NPCs whose persona prompts to evaluate now, so their first turns start from cache."""
+
+
+class Gateway:
+    """What the app's routes share: settings, the world, the engines, the cast, the sessions."""
+
+    def __init__(
+        self,
+        settings: MythicSettings,
+        world: World,
+        engine: Engine,
+        intent_engine: Engine | None = None,
+    ) -> None:
+        self.settings = settings
+        self.world = world
+        self.engine = engine
+        self.intent_engine = intent_engine or engine
+        self.metrics = GatewayMetrics()
+        server = settings.server
+        self.sessions = Sessions(
+            max_sessions=server.max_sessions,
+            resume_ttl_s=server.resume_ttl_s,
+            outbox_size=server.outbox_size,
+        )
+        self.cast = Cast(world, engine, settings, self.send, intent_engine=intent_engine)
+        self.ready = False
+        self.started = time.monotonic()
+        self._connections: dict[str, Connection] = {}
+
+    def send(self, session_id: str, message: ServerMessage) -> None:
+        self.sessions.send(session_id, message)
+
+    def attach(self, session: Session, connection: Connection) -> None:
+        """`connection` now serves `session`; a connection that held it before is closed."""
+        from mythic.server._socket import TAKEN_OVER, TRY_AGAIN_LATER
+
+        old = self._connections.get(session.id)
+        if old is not None and old is not connection:
+            old.session = None
+            old.kick(TAKEN_OVER)
+        self._connections[session.id] = connection
+        session.connected = True
+        session.detached_at = None
+        session.overflowed = False
+        session.on_overflow = lambda: connection.kick(TRY_AGAIN_LATER)
+
+    def detach(self, session: Session, connection: Connection) -> None:
+        """The connection closed; the session waits `resume_ttl_s` for a resume."""
+        if self._connections.get(session.id) is connection:
+            del self._connections[session.id]
+            session.connected = False
+            session.on_overflow = None
+            session.detached_at = time.monotonic()
+            self.cast.session_gone(session.id, forget=False)
+
+    def end_session(self, session: Session) -> None:
+        self._connections.pop(session.id, None)
+        self.sessions.remove(session.id)
+        self.cast.session_gone(session.id, forget=True)
+
+    async def reap(self) -> None:
+        """Forget sessions whose resume window has passed, until cancelled."""
+        interval = max(0.05, min(self.settings.server.resume_ttl_s / 4, 5.0))
+        while True:
+            await asyncio.sleep(interval)
+            for session in self.sessions.expired():
+                self.cast.session_gone(session.id, forget=True)
+
+    async def warmup(self, npcs: list[str]) -> float:
+        """Run every engine once (and evaluate the listed NPCs' persona prompts); seconds."""
+        start = time.perf_counter()
+        engines = {id(self.engine): self.engine, id(self.intent_engine): self.intent_engine}
+        for engine in engines.values():
+            request = GenerationRequest(
+                npc_id="_warmup",
+                session_id="_warmup",
+                messages=[ChatMessage("system", "Say hi."), ChatMessage("user", "Hi")],
+                priority=Priority.SILVER,
+                sampling=Sampling(max_tokens=1, temperature=0.0),
+            )
+            async with engine.submit(request) as stream:
+                await stream.collect()
+        for npc_id in npcs:
+            actor = self.cast.actor(npc_id)
+            request = GenerationRequest(
+                npc_id=npc_id,
+                session_id="_warmup",
+                messages=[actor.system, ChatMessage("user", "...")],
+                priority=Priority.SILVER,
+                sampling=Sampling(max_tokens=1, temperature=0.0),
+            )
+            async with self.engine.submit(request) as stream:
+                await stream.collect()
+        self.ready = True
+        return time.perf_counter() - start
+
+    async def say(self, npc_id: str, body: SayRequest) -> SayReply:
+        """One HTTP turn: the line goes through the NPC's actor like a WebSocket one, without
+        tools (HTTP cannot acknowledge them)."""
+        actor = self.cast.actor(npc_id)
+        session_id = f"http.{body.session_id}" if body.session_id else None
+        session = self.sessions.get(session_id) if session_id else None
+        if session is None:
+            # A named HTTP conversation keeps its id, and so its history, across calls.
+            session = self.sessions.open(None, prefix="http", session_id=session_id)
+        turn_id = f"h-{time.monotonic_ns()}"
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        pieces: list[str] = []
+
+        def listen(message: ServerMessage) -> None:
+            if isinstance(message, LLMStreamDelta) and message.turn_id == turn_id:
+                pieces.append(message.delta)
+                if message.final and message.finish_reason != "tool_call" and not done.done():
+                    done.set_result(message.finish_reason or "stop")
+
+        session.listener = listen
+        session.detached_at = time.monotonic()
+        try:
+            line = PlayerUtterance(
+                npc_id=npc_id, session_id=session.id, turn_id=turn_id, text=body.text
+            )
+            self.cast.deliver(session.id, line, tools=False)
+            async with asyncio.timeout(120):
+                finish = await done
+        finally:
+            session.listener = None
+            session.detached_at = time.monotonic()
+            if body.session_id is None:
+                self.sessions.remove(session.id)
+                self.cast.session_gone(session.id, forget=True)
+        record: TurnRecord | None = actor.last_turn
+        intent = record.intent if record is not None and record.turn_id == turn_id else None
+        return SayReply(
+            npc_id=npc_id,
+            session_id=body.session_id or session.id,
+            turn_id=turn_id,
+            text="".join(pieces).strip(),
+            finish_reason=finish,
+            intent=intent,
+        )
+
+    def npc_status(self, npc_id: str) -> dict[str, Any]:
+        persona = self.world.npc(npc_id)
+        actor = self.cast.actors.get(npc_id)
+        status: dict[str, Any] = {
+            "npc_id": npc_id,
+            "name": persona.name,
+            "archetype": persona.archetype,
+            "zone": persona.zone,
+            "active": actor is not None,
+            "state": actor.state.value if actor else "idle",
+        }
+        if actor is not None:
+            status |= {
+                "busy_session": actor.busy_session,
+                "sessions": sorted(actor.histories),
+                "history_messages": {k: len(v) for k, v in actor.histories.items()},
+                "scene": {
+                    "zone": actor.scene.zone,
+                    "time": actor.scene.time,
+                    "objects": [o.model_dump() for o in actor.scene.objects],
+                },
+                "last_intent": actor.last_intent.model_dump() if actor.last_intent else None,
+                "last_turn": (
+                    {
+                        "session_id": actor.last_turn.session_id,
+                        "turn_id": actor.last_turn.turn_id,
+                        "finish_reason": actor.last_turn.finish,
+                        "intent": actor.last_turn.intent,
+                        "tool_calls": actor.last_turn.tool_calls,
+                    }
+                    if actor.last_turn
+                    else None
+                ),
+            }
+        return status
+
+
+async def _warm(gateway: Gateway) -> None:
+    try:
+        seconds = await gateway.warmup([])
+        log.info("warmed up in %.2f s", seconds)
+    except (MythicError, TimeoutError):
+        log.exception("warm-up failed; /readyz stays 503 until POST /v1/warmup succeeds")
+
+
+def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
+    """The FastAPI app of `gateway`. With `warm`, the engines are warmed at startup and
+    `/readyz` turns 200 when that is done."""
+    from mythic.server._metrics import render_metrics
+    from mythic.server._socket import Connection
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with asyncio.TaskGroup() as tasks:
+            reaper = tasks.create_task(gateway.reap())
+            warming = tasks.create_task(_warm(gateway)) if warm else None
+            try:
+                yield
+            finally:
+                reaper.cancel()
+                if warming is not None:
+                    warming.cancel()
+                await gateway.cast.aclose()
+
+    app = FastAPI(
+        title="Mythic",
+        summary="NPCs that talk, remember and act: the v1 protocol over WebSocket and HTTP.",
+        lifespan=lifespan,
+    )
+    app.state.gateway = gateway
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        """The process is up."""
+        return {"status": "ok", "uptime_s": round(time.monotonic() - gateway.started, 1)}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """200 once the model is loaded and warmed, 503 before."""
+        body = {"ready": gateway.ready, "model": gateway.engine.backend.name}
+        return JSONResponse(body, status_code=200 if gateway.ready else 503)
+
+    @app.post("/v1/warmup")
+    async def warmup(body: WarmupRequest | None = None) -> dict[str, Any]:
+        """Warm the engines, and the persona prompts of `npcs`."""
+        npcs = body.npcs if body else []
+        for npc_id in npcs:
+            _known(npc_id)
+        seconds = await gateway.warmup(npcs)
+        return {"ready": True, "seconds": round(seconds, 3), "npcs": npcs}
+
+    @app.get("/v1/npcs")
+    async def npcs() -> dict[str, Any]:
+        """Every NPC of the world, with its dialogue state."""
+        return {"npcs": [gateway.npc_status(npc_id) for npc_id in sorted(gateway.world.npcs)]}
+
+    def _known(npc_id: str) -> None:
+        if npc_id not in gateway.world.npcs:
+            raise HTTPException(404, f"no NPC {npc_id!r} in world {gateway.world.name!r}")
+
+    @app.get("/v1/npcs/{npc_id}")
+    async def npc(npc_id: str) -> dict[str, Any]:
+        """One NPC's state: dialogue state, sessions, scene, last intent and turn."""
+        _known(npc_id)
+        return gateway.npc_status(npc_id)
+
+    @app.post("/v1/npcs/{npc_id}/say")
+    async def say(npc_id: str, body: SayRequest) -> SayReply:
+        """Say one line to an NPC and get the whole reply (no streaming, no tools)."""
+        _known(npc_id)
+        try:
+            return await gateway.say(npc_id, body)
+        except UnknownNPCError as exc:
+            raise HTTPException(404, exc.message) from None
+        except MailboxFullError as exc:
+            raise HTTPException(429, exc.message) from None
+        except TimeoutError:
+            raise HTTPException(504, "the NPC did not finish its reply in 120 s") from None
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        """Prometheus text exposition."""
+        text, content_type = render_metrics(gateway)
+        return PlainTextResponse(text, media_type=content_type)
+
+    @app.websocket("/v1/ws")
+    async def websocket(ws: WebSocket) -> None:
+        """The v1 protocol: SessionStart first, then any client message for any NPC."""
+        await ws.accept()
+        await Connection(gateway, ws).serve()
+
+    return app

@@ -1,0 +1,116 @@
+"""/metrics: the gateway's, the NPCs' and the engines' counters in Prometheus text format."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from mythic.server._app import Gateway
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class _GatewayCollector(Collector):
+    """Reads the live counters when scraped; nothing is updated on the hot path for it."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        g = self.gateway
+        m, stats = g.metrics, g.cast.stats
+        yield CounterMetricFamily(
+            "mythic_ws_connections", "WebSocket connections accepted", value=m.connections
+        )
+        yield GaugeMetricFamily(
+            "mythic_ws_open_connections", "WebSocket connections open", value=m.open_connections
+        )
+        yield GaugeMetricFamily("mythic_sessions", "sessions held", value=len(g.sessions))
+        yield GaugeMetricFamily("mythic_npc_actors", "NPC actors running", value=len(g.cast.actors))
+        for name, doc, counter in (
+            ("mythic_ws_messages_in", "messages received, by type", m.messages_in),
+            ("mythic_ws_messages_out", "messages sent, by type", m.messages_out),
+        ):
+            family = CounterMetricFamily(name, doc, labels=["type"])
+            for kind, n in sorted(counter.items()):
+                family.add_metric([kind], n)
+            yield family
+        errors = CounterMetricFamily(
+            "mythic_errors", "Error messages sent, by code", labels=["code"]
+        )
+        for code, n in sorted(m.errors.items()):
+            errors.add_metric([code], n)
+        yield errors
+        turns = CounterMetricFamily(
+            "mythic_turns", "NPC turns, by finish reason", labels=["finish"]
+        )
+        for reason, n in sorted(stats.turns.items()):
+            turns.add_metric([reason], n)
+        yield turns
+        tools = CounterMetricFamily(
+            "mythic_tool_calls", "tool calls, by outcome", labels=["status"]
+        )
+        for status, n in sorted(stats.tool_calls.items()):
+            tools.add_metric([status], n)
+        yield tools
+        intents = CounterMetricFamily("mythic_intents", "intents decided", labels=["intent"])
+        for intent, n in sorted(stats.intents.items()):
+            intents.add_metric([intent], n)
+        yield intents
+        yield CounterMetricFamily("mythic_barge_ins", "turns cut off", value=stats.barge_ins)
+        yield CounterMetricFamily(
+            "mythic_actor_restarts",
+            "NPC actors restarted after a crash",
+            value=stats.actor_restarts,
+        )
+        yield CounterMetricFamily(
+            "mythic_phrases", "reply phrases handed to speech", value=stats.phrases
+        )
+        ttft = list(stats.first_tokens)
+        if ttft:
+            quantiles = GaugeMetricFamily(
+                "mythic_turn_first_token_seconds",
+                "player line received to first reply delta sent (recent turns)",
+                labels=["quantile"],
+            )
+            for q in (0.5, 0.95, 0.99):
+                quantiles.add_metric([str(q)], _quantile(ttft, q))
+            yield quantiles
+        engines = {"dialogue": g.engine}
+        if g.intent_engine is not g.engine:
+            engines["intent"] = g.intent_engine
+        for role, engine in engines.items():
+            em = engine.metrics()
+            for name, doc, value in (
+                ("mythic_engine_running", "requests generating", em.running),
+                ("mythic_engine_waiting", "requests queued", em.waiting),
+                (
+                    "mythic_engine_kv_cells_reserved",
+                    "KV cells held by sequences",
+                    em.kv_cells_reserved,
+                ),
+                ("mythic_engine_kv_capacity", "KV cells in all", em.kv_capacity),
+                ("mythic_engine_tokens_per_s", "generated tokens/s", em.tokens_per_s),
+                ("mythic_engine_prefix_hit_rate", "prompt tokens from cache", em.prefix_hit_rate),
+                ("mythic_engine_generated_tokens", "tokens generated", em.generated_tokens),
+                ("mythic_engine_preemptions", "steps stopped for gold", em.preemptions),
+            ):
+                gauge = GaugeMetricFamily(name, doc, labels=["engine"])
+                gauge.add_metric([role], value)
+                yield gauge
+
+
+def render_metrics(gateway: Gateway) -> tuple[str, str]:
+    """The exposition text and its content type."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_GatewayCollector(gateway))
+    return generate_latest(registry).decode(), CONTENT_TYPE_LATEST

@@ -1,0 +1,418 @@
+"""The server on a real uvicorn on loopback, with the real embedded model (SmolLM2-135M for
+dialogue and decisions), driven through the real client SDK and raw WebSockets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from websockets.asyncio.client import connect
+
+from mythic.client import ConnectionLostError, MythicClient, ToolResult
+from mythic.config import MythicSettings
+from mythic.contracts import (
+    Cutoff,
+    Error,
+    LLMStreamDelta,
+    NPCState,
+    ToolCall,
+    parse_server_message,
+)
+from mythic.engine import Engine
+from mythic.knowledge import load_world
+from mythic.server import Gateway, bind, create_app
+from tests.conftest import EXAMPLE_WORLD
+
+pytestmark = pytest.mark.integration
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll a condition of another thread's state (the engine's) or the server's, bounded."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():  # noqa: ASYNC110 - no event to wait on across threads
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def engines(smollm: Engine, qwen: Engine) -> tuple[Engine, Engine]:
+    """SmolLM2 talks (fast); Qwen 0.5B decides intents and tools (SmolLM2 calls nearly every
+    line `navigation`)."""
+    return smollm, qwen
+
+
+@contextlib.asynccontextmanager
+async def running(
+    engines: tuple[Engine, Engine], settings: MythicSettings, **sections: dict[str, Any]
+) -> AsyncIterator[tuple[str, Gateway]]:
+    """A real uvicorn serving the example world on a free loopback port."""
+    updates = {
+        name: getattr(settings, name).model_copy(update=values) for name, values in sections.items()
+    }
+    effective = settings.model_copy(update=updates)
+    gateway = Gateway(effective, load_world(EXAMPLE_WORLD), *engines)
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(gateway), log_level="warning", ws_max_size=4 << 20)
+    )
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        await until(lambda: server.started and gateway.ready, 60)
+        yield f"127.0.0.1:{port}", gateway
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(30):
+            await task
+        sock.close()
+
+
+def _chat(settings: MythicSettings) -> dict[str, Any]:
+    del settings
+    return {"max_tokens": 40, "temperature": 0.0}
+
+
+@pytest.fixture
+async def server(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> AsyncIterator[tuple[str, Gateway]]:
+    async with running(
+        engines,
+        settings,
+        chat=_chat(settings),
+        dialogue={"max_concurrent_speakers": 4, "tool_timeout_s": 10.0},
+    ) as served:
+        yield served
+
+
+async def done(call: ToolCall) -> ToolResult:
+    """The game's side of a tool call: it did it."""
+    del call
+    return "ok", None
+
+
+async def _npc(address: str, npc_id: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+        response = await http.get(f"/v1/npcs/{npc_id}")
+        response.raise_for_status()
+        body: dict[str, Any] = response.json()
+        return body
+
+
+async def test_a_turn_with_a_waypoint_tool_call_and_its_ack(
+    server: tuple[str, Gateway],
+) -> None:
+    address, gateway = server
+    calls: list[ToolCall] = []
+
+    async def game(call: ToolCall) -> ToolResult:
+        calls.append(call)
+        return "ok", {"distance_m": 140}
+
+    async with MythicClient(f"ws://{address}/v1/ws", tool_handler=game) as client:
+        await client.scene("marla", zone="old_town", time="21:10", objects={"player": 1.2})
+        async with asyncio.timeout(120):
+            turn = await client.say(
+                "marla", "Which way to Blackfen Marsh? Set a waypoint to blackfen_marsh for me."
+            )
+            events = [event async for event in turn]
+    assert [c.name for c in calls] == ["set_waypoint"], turn.text
+    call = calls[0]
+    assert call.args == {"target": "blackfen_marsh"}
+    assert call.npc_id == "marla" and call.turn_id == turn.turn_id and call.call_id
+    deltas = [e for e in events if isinstance(e, LLMStreamDelta)]
+    assert [d.seq for d in deltas] == list(range(len(deltas)))
+    finals = [d.finish_reason for d in deltas if d.final]
+    assert finals[0] == "tool_call" and finals[-1] in ("stop", "length") and len(finals) == 2
+    # The ToolCall came after the reply's first segment, and the result was voiced after it.
+    tool_at = events.index(call)
+    assert any(isinstance(e, LLMStreamDelta) and e.delta for e in events[tool_at:])
+    status = await _npc(address, "marla")
+    assert status["last_turn"]["tool_calls"] == [
+        {"name": "set_waypoint", "args": {"target": "blackfen_marsh"}, "status": "ok"}
+    ]
+    assert status["last_turn"]["intent"] == "navigation"
+    assert gateway.cast.stats.tool_calls["ok"] == 1
+
+
+async def test_an_unanswered_tool_call_is_resent_then_times_out(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    async with running(
+        engines,
+        settings,
+        chat=_chat(settings),
+        dialogue={"tool_timeout_s": 0.2, "tool_retries": 2},
+    ) as (address, gateway):
+        async with MythicClient(f"ws://{address}/v1/ws") as client:
+            async with asyncio.timeout(120):
+                turn = await client.say(
+                    "marla", "Which way to Blackfen Marsh? Set a waypoint to blackfen_marsh for me."
+                )
+                events = [event async for event in turn]
+            calls = [e for e in events if isinstance(e, ToolCall)]
+            # Sent three times with one call_id (the game de-duplicates), then TOOL_TIMEOUT.
+            assert len(calls) == 3 and len({c.call_id for c in calls}) == 1
+            errors = [e for e in events if isinstance(e, Error)]
+            assert [e.code for e in errors] == ["TOOL_TIMEOUT"]
+            assert errors[0].call_id == calls[0].call_id
+            assert turn.finish_reason in ("stop", "length")
+            # A late Ack of the settled call is ignored; an Ack of a call never made is not.
+            await client.ack(calls[0], "ok")
+            await client.ack(calls[0].model_copy(update={"call_id": "c-never-made"}), "ok")
+            async with asyncio.timeout(10):
+                error = await _next(client, Error)
+            assert error.code == "unknown_call" and error.call_id == "c-never-made"
+        assert gateway.cast.stats.tool_calls["timeout"] == 1
+
+
+async def _next(client: MythicClient, kind: type[Any]) -> Any:
+    while True:
+        event = await client.events.get()
+        if isinstance(event, kind):
+            return event
+
+
+async def test_a_cutoff_stops_the_turn_and_a_new_line_barges_in(
+    server: tuple[str, Gateway],
+) -> None:
+    address, gateway = server
+    url = f"ws://{address}/v1/ws"
+    async with MythicClient(url, tool_handler=done) as client, asyncio.timeout(120):
+        turn = await client.say("bran", "Tell me the whole history of Ravenmoor, in detail.")
+        async for event in turn:
+            if isinstance(event, LLMStreamDelta) and event.delta:
+                await turn.cutoff()
+        assert turn.finish_reason == "cutoff"
+        cut_text = turn.text
+        # Barge-in by speaking over the NPC: the first turn is cut off, the second answered.
+        first = await client.say("bran", "Tell me everything about the marsh and its dangers.")
+        first_events = []
+        async for event in first:
+            first_events.append(event)
+            if isinstance(event, LLMStreamDelta) and event.delta and len(first_events) == 1:
+                second = await client.say("bran", "Never mind. Good night!")
+        assert first.finish_reason == "cutoff"
+        # The server tells the game to stop playing the first turn.
+        assert [e.reason for e in first_events if isinstance(e, Cutoff)] == ["barge_in"]
+        reply = await second.reply()
+        assert second.finish_reason in ("stop", "length") and reply
+        history = gateway.cast.actors["bran"].histories[client.session_id]
+    # What was said before each cutoff stays in the history.
+    assert history[1].content.strip() == cut_text.strip()
+    assert history[-2].content == "Never mind. Good night!"
+    await until(lambda: not gateway.engine.metrics().running)
+
+
+async def test_two_npcs_in_parallel_keep_separate_histories(
+    server: tuple[str, Gateway],
+) -> None:
+    address, gateway = server
+    url = f"ws://{address}/v1/ws"
+    async with MythicClient(url, tool_handler=done) as client, asyncio.timeout(180):
+        marla, grisk = await asyncio.gather(
+            client.say("marla", "What does black ale cost?"),
+            client.say("grisk", "What do you sell in the Bone Market?"),
+        )
+        texts = await asyncio.gather(marla.reply(), grisk.reply())
+        assert all(texts)
+        states: list[NPCState] = []
+        while not client.events.empty():
+            event = client.events.get_nowait()
+            if isinstance(event, NPCState):
+                states.append(event)
+        for npc_id, line, text in (
+            ("marla", "What does black ale cost?", texts[0]),
+            ("grisk", "What do you sell in the Bone Market?", texts[1]),
+        ):
+            history = gateway.cast.actors[npc_id].histories[client.session_id]
+            # The line, the reply, and (when the NPC called a tool) the result and follow-up.
+            assert history[0].content == line and len(history) in (2, 4)
+            said = [m.content for m in history if m.role == "assistant"]
+            assert all(part.strip() in text for part in said)
+        marla_state = await _npc(address, "marla")
+        assert marla_state["state"] == "idle"
+        assert list(marla_state["history_messages"]) == [client.session_id]
+    assert {s.npc_id for s in states} == {"marla", "grisk"}
+    # Ending the session forgets its histories.
+    assert not gateway.cast.actors["marla"].histories
+
+
+async def test_resume_after_a_dropped_connection(server: tuple[str, Gateway]) -> None:
+    address, gateway = server
+    async with MythicClient(f"ws://{address}/v1/ws", backoff_s=0.05, tool_handler=done) as client:
+        session_id = client.session_id
+        async with asyncio.timeout(120):
+            await (await client.say("marla", "Is the tavern open tonight?")).reply()
+            turn = await client.say("marla", "And what does a room cost?")
+            with pytest.raises(ConnectionLostError):  # noqa: PT012 - the drop happens mid-stream
+                async for event in turn:
+                    if isinstance(event, LLMStreamDelta) and event.delta:
+                        client._ws.transport.abort()  # the network drops mid-turn
+            third = await client.say("marla", "Thank you, friend.")
+            assert await third.reply()
+        assert client.session_id == session_id and client.resumes == 1
+        history = gateway.cast.actors["marla"].histories[session_id]
+        users = [m.content for m in history if m.role == "user"]
+        assert users[0] == "Is the tavern open tonight?" and users[-1] == "Thank you, friend."
+
+
+async def test_http_endpoints(server: tuple[str, Gateway]) -> None:
+    address, _ = server
+    async with httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http:
+        assert (await http.get("/healthz")).json()["status"] == "ok"
+        assert (await http.get("/readyz")).status_code == 200
+        warm = await http.post("/v1/warmup", json={"npcs": ["marla"]})
+        assert warm.status_code == 200 and warm.json()["ready"] is True
+        assert (await http.post("/v1/warmup", json={"npcs": ["nobody"]})).status_code == 404
+        npcs = (await http.get("/v1/npcs")).json()["npcs"]
+        assert "marla" in {n["npc_id"] for n in npcs}
+        assert (await http.get("/v1/npcs/nobody")).status_code == 404
+        said = await http.post(
+            "/v1/npcs/marla/say", json={"text": "Good evening!", "session_id": "alice"}
+        )
+        assert said.status_code == 200, said.text
+        body = said.json()
+        assert body["text"] and body["finish_reason"] in ("stop", "length")
+        again = await http.post(
+            "/v1/npcs/marla/say", json={"text": "Still open?", "session_id": "alice"}
+        )
+        assert again.status_code == 200
+        state = (await http.get("/v1/npcs/marla")).json()
+        assert state["history_messages"]["http.alice"] == 4
+        assert (await http.post("/v1/npcs/marla/say", json={"text": ""})).status_code == 422
+        assert (await http.post("/v1/npcs/marla/say", content=b"{nope")).status_code == 422
+        metrics = (await http.get("/metrics")).text
+        assert 'mythic_turns_total{finish="stop"}' in metrics or "mythic_turns_total" in metrics
+        assert "mythic_engine_tokens_per_s" in metrics
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+async def _raw(address: str) -> Any:
+    return await connect(f"ws://{address}/v1/ws", max_size=1 << 24)
+
+
+async def _recv(ws: Any) -> Any:
+    async with asyncio.timeout(30):
+        return parse_server_message(await ws.recv())
+
+
+async def _start(ws: Any) -> str:
+    await ws.send('{"schema_version":"v1","type":"SessionStart"}')
+    welcome = await _recv(ws)
+    assert welcome.type == "Welcome"
+    return str(welcome.session_id)
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        ("{not json", "bad_json"),
+        ("[1, 2]", "not_an_object"),
+        ('{"schema_version":"v2","type":"PlayerUtterance"}', "bad_schema_version"),
+        ('{"schema_version":"v1","type":"Teleport"}', "unknown_type"),
+        ('{"schema_version":"v1","type":"Welcome"}', "unexpected_type"),
+        ('{"schema_version":"v1","type":"PlayerUtterance","npc_id":"marla"}', "invalid_message"),
+        ("x" * 300_000, "frame_too_large"),
+    ],
+)
+async def test_a_bad_frame_gets_a_typed_error_and_the_connection_goes_on(
+    server: tuple[str, Gateway], frame: str, code: str
+) -> None:
+    address, _ = server
+    async with await _raw(address) as ws:
+        session_id = await _start(ws)
+        await ws.send(frame)
+        error = await _recv(ws)
+        assert isinstance(error, Error) and error.code == code
+        # Still served: an intent request on the same connection is answered.
+        del session_id
+        intent = {"type": "IntentRequest", "npc_id": "marla", "request_id": "r-1"}
+        await ws.send(json.dumps({"schema_version": "v1", **intent}))
+        while (answer := await _recv(ws)).type != "IntentUpdate":
+            pass
+        assert answer.request_id == "r-1"
+
+
+async def test_routing_errors(server: tuple[str, Gateway]) -> None:
+    address, _ = server
+    async with await _raw(address) as ws:
+        line = {"type": "PlayerUtterance", "npc_id": "marla", "turn_id": "t-1", "text": "hi"}
+        await ws.send(json.dumps({"schema_version": "v1", **line, "session_id": "s-x"}))
+        assert (await _recv(ws)).code == "no_session"
+        session_id = await _start(ws)
+        await ws.send(json.dumps({"schema_version": "v1", **line, "session_id": "s-other"}))
+        assert (await _recv(ws)).code == "unknown_session"
+        unknown = {**line, "npc_id": "nobody", "session_id": session_id}
+        await ws.send(json.dumps({"schema_version": "v1", **unknown}))
+        error = await _recv(ws)
+        assert error.code == "unknown_npc" and error.turn_id == "t-1"
+        ack = {"type": "Ack", "ack_of": "ToolCall", "status": "ok", "call_id": "c-nope"}
+        await ws.send(json.dumps({"schema_version": "v1", **ack}))
+        assert (await _recv(ws)).code == "unknown_call"
+        await ws.send(json.dumps({"schema_version": "v1", "type": "SessionStart"}))
+        assert (await _recv(ws)).code == "session_started"
+        resume = {"type": "SessionStart", "session_id": "s-x", "resume_token": "wrong"}
+        async with await _raw(address) as other:
+            await other.send(json.dumps({"schema_version": "v1", **resume}))
+            assert (await _recv(other)).code == "unknown_session"
+
+
+async def test_a_flooding_client_is_rate_limited_then_closed_and_others_carry_on(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    async with running(
+        engines,
+        settings,
+        chat=_chat(settings),
+        server={"rate_per_s": 5.0, "rate_burst": 5, "max_violations": 20},
+    ) as (address, gateway):
+        async with (
+            await _raw(address) as flood,
+            MythicClient(f"ws://{address}/v1/ws", tool_handler=done) as good,
+        ):
+            await _start(flood)
+            scene = json.dumps({"schema_version": "v1", "type": "SceneUpdate", "npc_id": "bran"})
+            for _ in range(200):
+                with contextlib.suppress(Exception):
+                    await flood.send(scene)
+            codes = []
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(10):
+                    async for frame in flood:
+                        codes.append(parse_server_message(frame).code)
+            assert "rate_limited" in codes and codes[-1] == "too_many_errors"
+            assert codes.count("rate_limited") <= 3  # one notice per second, not one per frame
+            assert flood.close_code == 1008
+            async with asyncio.timeout(120):
+                assert await (await good.say("bran", "Hello there.")).reply()
+        assert gateway.metrics.errors["rate_limited"] >= 15
+
+
+async def test_a_client_that_disconnects_mid_turn_leaves_nothing_running(
+    server: tuple[str, Gateway],
+) -> None:
+    address, gateway = server
+    async with await _raw(address) as ws:
+        session_id = await _start(ws)
+        line = {
+            "type": "PlayerUtterance",
+            "npc_id": "marla",
+            "session_id": session_id,
+            "turn_id": "t-1",
+            "text": "Tell me a long story.",
+        }
+        await ws.send(json.dumps({"schema_version": "v1", **line}))
+        while (await _recv(ws)).type != "LLMStreamDelta":
+            pass
+    marla = gateway.cast.actors["marla"]
+    await until(lambda: not gateway.engine.metrics().running and marla.busy_session is None)
+    assert gateway.cast.actors["marla"].state.value == "idle"
+    assert gateway.metrics.open_connections == 0
