@@ -265,6 +265,9 @@ def serve(
         err.print(f"Loading {world} and {settings.engine.dialogue_model} ...")
         try:
             serve_world(settings, str(world), announce=lambda line: out.print(line))
+        except KeyboardInterrupt:
+            # uvicorn has shut down gracefully and re-raised Ctrl-C: that is a clean stop.
+            err.print("Stopped.")
         except OSError as exc:
             raise MythicError(f"cannot listen on {server.host}:{server.port}: {exc}") from exc
 
