@@ -48,14 +48,18 @@ def engines(smollm: Engine, qwen: Engine) -> tuple[Engine, Engine]:
 
 @contextlib.asynccontextmanager
 async def running(
-    engines: tuple[Engine, Engine], settings: MythicSettings, **sections: dict[str, Any]
+    engines: tuple[Engine, Engine],
+    settings: MythicSettings,
+    *,
+    on_phrase: Callable[[str, str, str], None] | None = None,
+    **sections: dict[str, Any],
 ) -> AsyncIterator[tuple[str, Gateway]]:
     """A real uvicorn serving the example world on a free loopback port."""
     updates = {
         name: getattr(settings, name).model_copy(update=values) for name, values in sections.items()
     }
     effective = settings.model_copy(update=updates)
-    gateway = Gateway(effective, load_world(EXAMPLE_WORLD), *engines)
+    gateway = Gateway(effective, load_world(EXAMPLE_WORLD), *engines, on_phrase=on_phrase)
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = uvicorn.Server(
@@ -121,6 +125,10 @@ async def test_a_turn_with_a_waypoint_tool_call_and_its_ack(
                 "marla", "Which way to Blackfen Marsh? Set a waypoint to blackfen_marsh for me."
             )
             events = [event async for event in turn]
+        # The history holds the line, the reply, the tool's result and the voiced follow-up.
+        history = list(gateway.cast.actors["marla"].histories[client.session_id])
+    assert [m.role for m in history] == ["user", "assistant", "system", "assistant"]
+    assert "set waypoint" in history[2].content and "140" in history[2].content
     assert [c.name for c in calls] == ["set_waypoint"], turn.text
     call = calls[0]
     assert call.args == {"target": "blackfen_marsh"}
@@ -262,6 +270,58 @@ async def test_resume_after_a_dropped_connection(server: tuple[str, Gateway]) ->
         assert users[0] == "Is the tavern open tonight?" and users[-1] == "Thank you, friend."
 
 
+async def test_at_most_max_concurrent_speakers_speak_and_phrases_cover_each_reply(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    phrases: dict[str, list[str]] = {}
+
+    def phrase(npc_id: str, turn_id: str, text: str) -> None:
+        phrases.setdefault(turn_id, []).append(text)
+
+    async with (
+        running(
+            engines,
+            settings,
+            on_phrase=phrase,
+            chat=_chat(settings),
+            dialogue={"max_concurrent_speakers": 1, "decide": False},
+        ) as (address, _),
+        MythicClient(f"ws://{address}/v1/ws") as client,
+        asyncio.timeout(180),
+    ):
+        turns = await asyncio.gather(
+            *(client.say(npc, "Good evening! What news?") for npc in ("marla", "bran", "grisk"))
+        )
+        texts = await asyncio.gather(*(turn.reply() for turn in turns))
+        speaking: set[str] = set()
+        most = 0
+        while not client.events.empty():
+            event = client.events.get_nowait()
+            if isinstance(event, NPCState):
+                if event.state == "speaking":
+                    speaking.add(event.npc_id)
+                else:
+                    speaking.discard(event.npc_id)
+                most = max(most, len(speaking))
+    assert most == 1  # the others waited, thinking, for the one speaker slot
+    for turn, text in zip(turns, texts, strict=True):
+        # Every word of the reply reached speech, in order, in phrases.
+        assert " ".join(phrases[turn.turn_id]).split() == text.split()
+
+
+async def test_an_intent_request_gets_a_constrained_intent_and_a_short_bark(
+    server: tuple[str, Gateway],
+) -> None:
+    address, _ = server
+    async with MythicClient(f"ws://{address}/v1/ws") as client, asyncio.timeout(120):
+        await client.scene("grisk", zone="the_catacombs", objects={"player": 2.0, "ghoul_2": 4.5})
+        update = await client.intent("grisk", context="the player drew a sword", with_bark=True)
+    assert update.npc_id == "grisk" and update.request_id
+    assert update.target in (None, "player", "ghoul_2")
+    assert 0 <= update.urgency <= 1
+    assert update.bark is not None and 1 <= len(update.bark.split()) <= 8
+
+
 async def test_http_endpoints(server: tuple[str, Gateway]) -> None:
     address, _ = server
     async with httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http:
@@ -354,6 +414,10 @@ async def test_routing_errors(server: tuple[str, Gateway]) -> None:
         await ws.send(json.dumps({"schema_version": "v1", **unknown}))
         error = await _recv(ws)
         assert error.code == "unknown_npc" and error.turn_id == "t-1"
+        # The refused line's turn still ends, so a client waiting on it is released.
+        end = await _recv(ws)
+        assert end.type == "LLMStreamDelta" and end.turn_id == "t-1"
+        assert end.final and end.finish_reason == "error"
         ack = {"type": "Ack", "ack_of": "ToolCall", "status": "ok", "call_id": "c-nope"}
         await ws.send(json.dumps({"schema_version": "v1", **ack}))
         assert (await _recv(ws)).code == "unknown_call"

@@ -141,6 +141,7 @@ class MythicClient:
         max_backoff_s: float = 5.0,
         timeout_s: float = 30.0,
         max_frame_bytes: int = 4 * 1024 * 1024,
+        max_events: int = 1024,
     ) -> None:
         self._ws_client = require("websockets.asyncio.client", package="websockets", extra="client")
         self.url = url
@@ -155,7 +156,9 @@ class MythicClient:
         self.resume_token: str | None = None
         self.resumes = 0
         """How many times the session was resumed after a dropped connection."""
-        self.events: asyncio.Queue[ServerMessage] = asyncio.Queue()
+        self.events: asyncio.Queue[ServerMessage] = asyncio.Queue(max_events)
+        """Messages of no turn: NPC states, pushed intents, errors. Bounded: when nobody reads
+        it, the oldest are dropped."""
         self._turns: dict[str, Turn] = {}
         self._intents: dict[str, asyncio.Future[IntentUpdate]] = {}
         self._ws: Any = None
@@ -392,6 +395,8 @@ class MythicClient:
                 if not future.done():
                     future.set_result(message)
                 return
+        if self.events.full():
+            self.events.get_nowait()
         self.events.put_nowait(message)
 
     async def _handle_tool(self, call: ToolCall) -> None:

@@ -297,15 +297,20 @@ class NPCActor:
         speaking = False
         try:
             self.machine.to(DialogueState.THINKING)
-            if cast.settings.dialogue.decide:
-                decision_task = asyncio.create_task(self._decide(line, history))
+            decide = cast.settings.dialogue.decide
             user = ChatMessage("user", line.text)
             async for text in self._generate(out, history, user):
+                if decide and decision_task is None:
+                    # The decision (gold) starts once the reply has its first token, so it
+                    # cannot delay that token; it is needed only when the reply ends.
+                    decision_task = asyncio.create_task(self._decide(line))
                 if not speaking:
                     await cast.speakers.acquire()
                     speaking = True
                     self.machine.to(DialogueState.SPEAKING)
                 out.say(text)
+            if decide and decision_task is None:
+                decision_task = asyncio.create_task(self._decide(line))
             decision = await decision_task if decision_task else None
             decision_task = None
             if decision is not None:
@@ -353,11 +358,15 @@ class NPCActor:
         recent = history[-2 * keep :] if keep else []
         if drop and 2 * drop > len(recent):
             return None
-        messages = [self.system, *recent[2 * drop :]]
+        # The scene goes last, where it changes nothing the next turn can reuse from the KV
+        # cache: before the history, every scene change would re-evaluate the whole history.
         scene = self.scene.describe()
-        if scene:
-            messages.append(ChatMessage("system", scene))
-        return [*messages, *tail]
+        return [
+            self.system,
+            *recent[2 * drop :],
+            *tail,
+            *([ChatMessage("system", scene)] if scene else []),
+        ]
 
     async def _generate(
         self, out: _TurnOutput, history: list[ChatMessage], *tail: ChatMessage
@@ -426,20 +435,20 @@ class NPCActor:
         ids = ["player", *(o.id for o in self.scene.objects if o.id != "player")]
         return ids[:32]
 
-    async def _decide(self, line: PlayerLine, history: list[ChatMessage]) -> Decision | None:
+    async def _decide(self, line: PlayerLine) -> Decision | None:
         """The intent of the line and at most one tool call, by a gold constrained request.
 
-        A refused or failed decision is logged and counts as none: the reply goes on.
+        Only the line itself is shown: with the previous exchange in the prompt, the 0.5B
+        model repeated the last tool on "thank you". A refused or failed decision is logged
+        and counts as none: the reply goes on.
         """
         tools = list(TOOLS) if line.tools else []
         schema = decision_schema(tools, places=self._places(), targets=self._targets())
-        last = history[-2:]
         request = GenerationRequest(
             npc_id=self.npc_id,
             session_id=f"{line.session_id}/decide",
             messages=[
                 ChatMessage("system", self._decision_prompt(tools)),
-                *last,
                 ChatMessage("user", line.text),
             ],
             priority=Priority.GOLD,
@@ -498,7 +507,7 @@ class NPCActor:
         history += [
             ChatMessage("user", out.line.text),
             ChatMessage("assistant", said or "..."),
-            ChatMessage("user", note),
+            ChatMessage("system", note),
         ]
         out.restart()
         self.machine.to(DialogueState.SPEAKING)
@@ -656,17 +665,20 @@ class _TurnOutput:
 
 
 def _tool_note(name: str, args: dict[str, Any], outcome: ToolOutcome) -> str:
-    """How the game's answer reaches the model: a bracketed line in the player's turn."""
-    described = json.dumps(args, ensure_ascii=False)
+    """How the game's answer reaches the model: a system line after the NPC's reply."""
+    described = ", ".join(f"{k} {v}" for k, v in args.items())
     if outcome.status == "ok":
         result = (
-            f" Result: {json.dumps(outcome.result, ensure_ascii=False)}." if outcome.result else ""
+            f" The game answered: {json.dumps(outcome.result, ensure_ascii=False)}."
+            if outcome.result
+            else ""
         )
-        return f"[The game did {name} {described}.{result} Tell the player, in one sentence.]"
+        done = f"You have just done {name.replace('_', ' ')} ({described}) for the player."
+        return f"{done}{result} Tell the player what you did, in one short sentence."
     why = f" ({outcome.message})" if outcome.message else ""
     return (
-        f"[{name} {described} did not happen: {outcome.status}{why}. "
-        "Tell the player, in one sentence.]"
+        f"You tried to {name.replace('_', ' ')} ({described}) but it failed: {outcome.status}"
+        f"{why}. Tell the player, in one short sentence."
     )
 
 

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +78,11 @@ class Gateway:
         world: World,
         engine: Engine,
         intent_engine: Engine | None = None,
+        *,
+        on_phrase: Callable[[str, str, str], None] | None = None,
     ) -> None:
+        """`on_phrase(npc_id, turn_id, text)` receives each phrase of a reply, ready for
+        speech synthesis."""
         self.settings = settings
         self.world = world
         self.engine = engine
@@ -90,7 +94,9 @@ class Gateway:
             resume_ttl_s=server.resume_ttl_s,
             outbox_size=server.outbox_size,
         )
-        self.cast = Cast(world, engine, settings, self.send, intent_engine=intent_engine)
+        self.cast = Cast(
+            world, engine, settings, self.send, intent_engine=intent_engine, on_phrase=on_phrase
+        )
         self.ready = False
         self.started = time.monotonic()
         self._connections: dict[str, Connection] = {}

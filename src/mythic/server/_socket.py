@@ -18,6 +18,8 @@ from mythic.contracts import (
     AudioChunk,
     ClientMessage,
     Error,
+    LLMStreamDelta,
+    PlayerUtterance,
     ProtocolError,
     ServerMessage,
     SessionEnd,
@@ -230,6 +232,21 @@ class Connection:
             self._fail("npc_busy", exc.message, ref=message.type, turn_id=turn_id, retryable=True)
         except MythicError as exc:
             self._fail("refused", exc.message, ref=message.type, turn_id=turn_id)
+        else:
+            return
+        if isinstance(message, PlayerUtterance):
+            # A refused line still ends its turn, so a client waiting on it is released.
+            session.push(
+                LLMStreamDelta(
+                    npc_id=message.npc_id,
+                    session_id=session.id,
+                    turn_id=message.turn_id,
+                    seq=0,
+                    delta="",
+                    final=True,
+                    finish_reason="error",
+                )
+            )
 
     async def _start(self, start: SessionStart) -> None:
         if self.session is not None:
