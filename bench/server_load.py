@@ -6,7 +6,7 @@ another, two paths do the same work on one loaded model (default SmolLM2-135M):
 - server: a real uvicorn on loopback serving the example world (`mythic.server`), one
   `MythicClient` (one WebSocket, one session) per conversation;
 - direct: the same conversations calling `Engine.submit` with the messages the NPC actor
-  builds (persona, history, the scene it starts with, the line), its sampling and priority.
+  builds (persona, history, the line, then the scene it starts with), its sampling and priority.
 
 Conversation i talks to NPC i % 8. An NPC's actor answers one turn at a time, so past 8
 conversations the turns to one NPC queue; the direct path holds a lock per NPC around each
@@ -174,10 +174,11 @@ class DirectPath:
         """What `NPCActor._reply_messages` builds for a line."""
         keep = self.history_turns
         messages = [self.system[npc], *(history[-2 * keep :] if keep else [])]
+        messages.append(ChatMessage("user", line))
         scene = self.scene[npc]
         if scene:
-            messages.append(ChatMessage("system", scene))
-        return [*messages, ChatMessage("user", line)]
+            messages.append(ChatMessage("system", scene))  # last, as the actor puts it
+        return messages
 
     async def run(
         self, n: int, turns: int, script: Script, tag: str, timeout_s: float
