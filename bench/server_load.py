@@ -6,7 +6,8 @@ another, two paths do the same work on one loaded model (default SmolLM2-135M):
 - server: a real uvicorn on loopback serving the example world (`mythic.server`), one
   `MythicClient` (one WebSocket, one session) per conversation;
 - direct: the same conversations calling `Engine.submit` with the messages the NPC actor
-  builds (persona, history, the line, then the scene it starts with), its sampling and priority.
+  builds (persona, history, the scene told on the first turn, the line), its sampling and
+  priority.
 
 Conversation i talks to NPC i % 8. An NPC's actor answers one turn at a time, so past 8
 conversations the turns to one NPC queue; the direct path holds a lock per NPC around each
@@ -170,15 +171,22 @@ class DirectPath:
         self.sampling = chat_sampling(settings.chat)
         self.history_turns = settings.chat.history_turns
 
-    def messages(self, npc: str, history: list[ChatMessage], line: str) -> list[ChatMessage]:
-        """What `NPCActor._reply_messages` builds for a line."""
-        keep = self.history_turns
-        messages = [self.system[npc], *(history[-2 * keep :] if keep else [])]
-        messages.append(ChatMessage("user", line))
+    def exchange(self, npc: str, history: list[ChatMessage], line: str) -> list[ChatMessage]:
+        """What the actor adds for a line: the scene, told once (first turn), then the line."""
         scene = self.scene[npc]
-        if scene:
-            messages.append(ChatMessage("system", scene))  # last, as the actor puts it
-        return messages
+        told = [ChatMessage("system", scene)] if scene and not history else []
+        return [*told, ChatMessage("user", line)]
+
+    def messages(
+        self, npc: str, history: list[ChatMessage], new: list[ChatMessage]
+    ) -> list[ChatMessage]:
+        """What `NPCActor._reply_messages` builds: persona, the history's last
+        `history_turns` exchanges (each ends with a reply), the new messages."""
+        keep = self.history_turns
+        starts = [0, *(i + 1 for i, m in enumerate(history) if m.role == "assistant")]
+        starts = [i for i in starts if i < len(history)][-keep:] if keep else []
+        begin = starts[0] if starts else len(history)
+        return [self.system[npc], *history[begin:], *new]
 
     async def run(
         self, n: int, turns: int, script: Script, tag: str, timeout_s: float
@@ -216,13 +224,14 @@ class DirectPath:
             line = script(i, k)
             result = TurnResult(i, k)
             pieces: list[str] = []
+            new = self.exchange(npc, history, line)
             start = time.perf_counter()
             try:
                 async with asyncio.timeout(timeout_s), locks[npc]:
                     request = GenerationRequest(
                         npc_id=npc,
                         session_id=session,
-                        messages=self.messages(npc, history, line),
+                        messages=self.messages(npc, history, new),
                         priority=Priority.SILVER,
                         sampling=self.sampling,
                     )
@@ -244,7 +253,7 @@ class DirectPath:
             # The actor's history rule: the exchange joins it when the NPC said something.
             said = "".join(pieces).strip()
             if said:
-                history += [ChatMessage("user", line), ChatMessage("assistant", said)]
+                history += [*new, ChatMessage("assistant", said)]
             result.text = "".join(pieces)
             result.chars = len(result.text)
             results.append(result)

@@ -127,8 +127,10 @@ async def test_a_turn_with_a_waypoint_tool_call_and_its_ack(
             events = [event async for event in turn]
         # The history holds the line, the reply, the tool's result and the voiced follow-up.
         history = list(gateway.cast.actors["marla"].histories[client.session_id])
-    assert [m.role for m in history] == ["user", "assistant", "system", "assistant"]
-    assert "set waypoint" in history[2].content and "140" in history[2].content
+    # The scene (told once), the line, the reply, the tool's result, the voiced follow-up.
+    assert [m.role for m in history] == ["system", "user", "assistant", "system", "assistant"]
+    assert "zone old_town" in history[0].content and "player (1.2 away)" in history[0].content
+    assert "set waypoint" in history[3].content and "140" in history[3].content
     assert [c.name for c in calls] == ["set_waypoint"], turn.text
     call = calls[0]
     assert call.args == {"target": "blackfen_marsh"}
@@ -212,8 +214,11 @@ async def test_a_cutoff_stops_the_turn_and_a_new_line_barges_in(
         assert second.finish_reason in ("stop", "length") and reply
         history = gateway.cast.actors["bran"].histories[client.session_id]
     # What was said before each cutoff stays in the history.
-    assert history[1].content.strip() == cut_text.strip()
-    assert history[-2].content == "Never mind. Good night!"
+    said = [m.content for m in history if m.role == "assistant"]
+    assert said[0].strip() == cut_text.strip()
+    assert [m.content for m in history if m.role == "user"][-1] == "Never mind. Good night!"
+    # The scene was told once, on the first turn.
+    assert [m.role for m in history].count("system") == 1 and history[0].role == "system"
     await until(lambda: not gateway.engine.metrics().running)
 
 
@@ -240,7 +245,8 @@ async def test_two_npcs_in_parallel_keep_separate_histories(
         ):
             history = gateway.cast.actors[npc_id].histories[client.session_id]
             # The line, the reply, and (when the NPC called a tool) the result and follow-up.
-            assert history[0].content == line and len(history) in (2, 4)
+            assert [m.content for m in history if m.role == "user"] == [line]
+            assert history[0].role == "system" and len(history) in (3, 5)
             said = [m.content for m in history if m.role == "assistant"]
             assert all(part.strip() in text for part in said)
         marla_state = await _npc(address, "marla")
@@ -344,8 +350,12 @@ async def test_http_endpoints(server: tuple[str, Gateway]) -> None:
         )
         assert again.status_code == 200
         state = (await http.get("/v1/npcs/marla")).json()
-        assert state["history_messages"]["http.alice"] == 4
+        # The scene told once, then two exchanges.
+        assert state["history_messages"]["http.alice"] == 5
         assert (await http.post("/v1/npcs/marla/say", json={"text": ""})).status_code == 422
+        assert (await http.post("/v1/npcs/marla/say", json={"text": "  \n"})).status_code == 422
+        too_long = {"text": "a" * 4001}
+        assert (await http.post("/v1/npcs/marla/say", json=too_long)).status_code == 422
         assert (await http.post("/v1/npcs/marla/say", content=b"{nope")).status_code == 422
         metrics = (await http.get("/metrics")).text
         assert 'mythic_turns_total{finish="stop"}' in metrics or "mythic_turns_total" in metrics

@@ -135,6 +135,8 @@ class NPCActor:
         self.last_turn: TurnRecord | None = None
         self._turn: _Turn | None = None
         self._held: deque[PlayerLine] = deque()
+        self._scene_told: dict[str, str] = {}
+        """Per session, the scene description last put in its history."""
         self._intent_task: asyncio.Task[None] | None = None
         self._next_intent: AskIntent | None = None
         self._session_of_state: str | None = None
@@ -230,6 +232,7 @@ class NPCActor:
                     self._next_held(tasks)
                 if forget:
                     self.histories.pop(session_id, None)
+                    self._scene_told.pop(session_id, None)
             case TurnDone():
                 if self._turn is not None and self._turn.task.done():
                     self._turn = None
@@ -293,13 +296,18 @@ class NPCActor:
         self.machine.to(DialogueState.LISTENING)
         history = self.histories.setdefault(session, [])
         out = _TurnOutput(self, line)
+        # The scene is told once, when it changed, and kept in the history: every prompt then
+        # extends the session's previous one and only the new line is evaluated.
+        scene = self.scene.describe()
+        if scene and scene != self._scene_told.get(session):
+            out.told = [ChatMessage("system", scene)]
+        user = ChatMessage("user", line.text)
         decision_task: asyncio.Task[Decision | None] | None = None
         speaking = False
         try:
             self.machine.to(DialogueState.THINKING)
             decide = cast.settings.dialogue.decide
-            user = ChatMessage("user", line.text)
-            async for text in self._generate(out, history, user):
+            async for text in self._generate(out, history, *out.told, user):
                 if decide and decision_task is None:
                     # The decision (gold) starts once the reply has its first token, so it
                     # cannot delay that token; it is needed only when the reply ends.
@@ -317,7 +325,7 @@ class NPCActor:
                 out.intent = decision.intent
                 self._push_intent(session, decision.intent)
             if decision is not None and decision.tool is not None and line.tools:
-                await self._call_tool(out, history, decision.tool)
+                await self._call_tool(out, history, user, decision.tool)
         except asyncio.CancelledError:
             out.reason = "cutoff"
             self.machine.to(DialogueState.BARGE_IN)
@@ -335,11 +343,14 @@ class NPCActor:
             if out.history_open:
                 history.append(ChatMessage("assistant", said or "..."))
             elif said:
-                history += [ChatMessage("user", line.text), ChatMessage("assistant", said)]
-            # Keep twice what a prompt uses; whole exchanges (an even count) go first.
-            limit = 4 * cast.settings.chat.history_turns
-            if len(history) > limit:
-                del history[: (len(history) - limit + 1) // 2 * 2]
+                history += [*out.told, user, ChatMessage("assistant", said)]
+            if (said or out.history_open) and out.told:
+                self._scene_told[session] = out.told[0].content
+            # Keep twice the exchanges a prompt uses; the oldest whole exchanges go first.
+            starts = _exchange_starts(history)
+            keep = 2 * cast.settings.chat.history_turns
+            if len(starts) > keep:
+                del history[: starts[-keep] if keep else len(history)]
             self.last_turn = TurnRecord(
                 session, line.turn_id, said, out.reason, out.intent, out.tool_calls
             )
@@ -352,21 +363,14 @@ class NPCActor:
     def _reply_messages(
         self, history: list[ChatMessage], *tail: ChatMessage, drop: int = 0
     ) -> list[ChatMessage] | None:
-        """Persona, recent history without its `drop` oldest exchanges, the scene, then
-        `tail`; None when there are not `drop` exchanges left to drop."""
+        """Persona, the last `chat.history_turns` exchanges of the history without the `drop`
+        oldest, then `tail`; None when there are not `drop` exchanges left to drop."""
         keep = self.cast.settings.chat.history_turns
-        recent = history[-2 * keep :] if keep else []
-        if drop and 2 * drop > len(recent):
+        starts = _exchange_starts(history)[-keep:] if keep else []
+        if drop > len(starts):
             return None
-        # The scene goes last, where it changes nothing the next turn can reuse from the KV
-        # cache: before the history, every scene change would re-evaluate the whole history.
-        scene = self.scene.describe()
-        return [
-            self.system,
-            *recent[2 * drop :],
-            *tail,
-            *([ChatMessage("system", scene)] if scene else []),
-        ]
+        begin = starts[drop] if drop < len(starts) else len(history)
+        return [self.system, *history[begin:], *tail]
 
     async def _generate(
         self, out: _TurnOutput, history: list[ChatMessage], *tail: ChatMessage
@@ -491,6 +495,7 @@ class NPCActor:
         self,
         out: _TurnOutput,
         history: list[ChatMessage],
+        user: ChatMessage,
         tool: tuple[str, dict[str, Any]],
     ) -> None:
         """Send the call, wait for the game's Ack, then voice the result in a follow-up."""
@@ -504,14 +509,16 @@ class NPCActor:
         said = out.text().strip()
         note = _tool_note(name, args, outcome)
         # The follow-up joins the history as the NPC's next words (in the turn's `finally`).
-        history += [
-            ChatMessage("user", out.line.text),
+        exchange = [
+            *out.told,
+            user,
             ChatMessage("assistant", said or "..."),
             ChatMessage("system", note),
         ]
+        history += exchange
         out.restart()
         self.machine.to(DialogueState.SPEAKING)
-        async for text in self._generate(out, history[:-3], *history[-3:]):
+        async for text in self._generate(out, history[: -len(exchange)], *exchange):
             out.say(text)
 
     # -- intents for the game's controllers ---------------------------------------------------
@@ -605,6 +612,8 @@ class _TurnOutput:
         self.intent: str | None = None
         self.tool_calls: list[dict[str, Any]] = []
         self.history_open = False
+        self.told: list[ChatMessage] = []
+        """The scene message this turn adds before the line, when the scene changed."""
         """The exchange and tool note are in the history; only the follow-up is missing."""
         self._pieces: list[str] = []
         self._segment_open = False
@@ -662,6 +671,12 @@ class _TurnOutput:
             self._closed = True
             if self._segment_open or self.seq == 0 or self.reason in ("cutoff", "error"):
                 self.end_segment(self.reason)
+
+
+def _exchange_starts(history: list[ChatMessage]) -> list[int]:
+    """Where each exchange of a history begins: at 0 and after every NPC reply."""
+    starts = [0, *(i + 1 for i, m in enumerate(history) if m.role == "assistant")]
+    return [i for i in starts if i < len(history)]
 
 
 def _tool_note(name: str, args: dict[str, Any], outcome: ToolOutcome) -> str:

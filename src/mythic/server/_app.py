@@ -47,7 +47,7 @@ class SayRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS)
+    text: str = Field(min_length=1, max_length=MAX_TEXT_CHARS, pattern=r"\S")
     """What the player says."""
     session_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     """Continue this HTTP conversation (its history); leave out for a fresh one."""
