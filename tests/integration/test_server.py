@@ -141,7 +141,8 @@ async def test_a_turn_with_a_waypoint_tool_call_and_its_ack(
     assert finals[0] == "tool_call" and finals[-1] in ("stop", "length") and len(finals) == 2
     # The ToolCall came after the reply's first segment, and the result was voiced after it.
     tool_at = events.index(call)
-    assert any(isinstance(e, LLMStreamDelta) and e.delta for e in events[tool_at:])
+    voiced = "".join(e.delta for e in events[tool_at:] if isinstance(e, LLMStreamDelta))
+    assert voiced == "There: follow the mark to Blackfen Marsh."  # dialogue.tool_voice template
     status = await _npc(address, "marla")
     assert status["last_turn"]["tool_calls"] == [
         {"name": "set_waypoint", "args": {"target": "blackfen_marsh"}, "status": "ok"}
@@ -157,7 +158,7 @@ async def test_an_unanswered_tool_call_is_resent_then_times_out(
         engines,
         settings,
         chat=_chat(settings),
-        dialogue={"tool_timeout_s": 0.2, "tool_retries": 2},
+        dialogue={"tool_timeout_s": 0.2, "tool_retries": 2, "tool_voice": "model"},
     ) as (address, gateway):
         async with MythicClient(f"ws://{address}/v1/ws") as client:
             async with asyncio.timeout(120):
@@ -172,6 +173,9 @@ async def test_an_unanswered_tool_call_is_resent_then_times_out(
             assert [e.code for e in errors] == ["TOOL_TIMEOUT"]
             assert errors[0].call_id == calls[0].call_id
             assert turn.finish_reason in ("stop", "length")
+            # The model voiced the failure after the ToolCalls and the TOOL_TIMEOUT.
+            after = events[events.index(errors[0]) :]
+            assert any(isinstance(e, LLMStreamDelta) and e.delta for e in after)
             # A late Ack of the settled call is ignored; an Ack of a call never made is not.
             await client.ack(calls[0], "ok")
             await client.ack(calls[0].model_copy(update={"call_id": "c-never-made"}), "ok")

@@ -146,6 +146,12 @@ class DialogueSettings(_Section):
     """How many times an unanswered `ToolCall` is sent again (same call_id), each wait twice
     the previous; then the turn goes on with `TOOL_TIMEOUT`."""
 
+    tool_voice: Literal["template", "model"] = "template"
+    """How the NPC voices a tool's result after the game's `Ack`: `template`, a fixed line per
+    tool ("I've marked the Old Town on your map."), at once; `model`, a short reply generated
+    from the result. Measured on the 0.5B default model, `model` often read the game's result
+    note back verbatim; use it with a bigger dialogue model."""
+
     phrase_min_s: float = Field(default=0.2, ge=0, le=5)
     """Reply text buffered before a sentence is handed to speech synthesis."""
 

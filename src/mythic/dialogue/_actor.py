@@ -518,8 +518,33 @@ class NPCActor:
         history += exchange
         out.restart()
         self.machine.to(DialogueState.SPEAKING)
+        if self.cast.settings.dialogue.tool_voice == "template":
+            line = self._voice_template(name, args, outcome)
+            if line:
+                out.say(line)
+            return
         async for text in self._generate(out, history[: -len(exchange)], *exchange):
             out.say(text)
+
+    def _place(self, place_id: object) -> str:
+        zone = self.cast.world.card.zones.get(str(place_id))
+        return zone.name if zone is not None else str(place_id).replace("_", " ")
+
+    def _voice_template(self, name: str, args: dict[str, Any], outcome: ToolOutcome) -> str:
+        """What the NPC says about a tool call it made, without asking the model."""
+        if outcome.status != "ok":
+            return "Hm. That did not work."
+        match name:
+            case "set_waypoint":
+                return f"There: follow the mark to {self._place(args.get('target'))}."
+            case "set_marker":
+                return f"I've marked {self._place(args.get('location'))} on your map."
+            case "give_item":
+                return f"Here, take this: {args.get('item')}."
+            case "open_dialog":
+                return "Here, have a look."
+            case _:
+                return ""
 
     # -- intents for the game's controllers ---------------------------------------------------
 
