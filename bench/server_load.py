@@ -6,7 +6,7 @@ another, two paths do the same work on one loaded model (default SmolLM2-135M):
 - server: a real uvicorn on loopback serving the example world (`mythic.server`), one
   `MythicClient` (one WebSocket, one session) per conversation;
 - direct: the same conversations calling `Engine.submit` with the messages the NPC actor
-  builds (persona, history, the scene told on the first turn, the line), its sampling and
+  builds (persona, history, the line, the scene told on the first turn), its sampling and
   priority.
 
 Conversation i talks to NPC i % 8. An NPC's actor answers one turn at a time, so past 8
@@ -172,10 +172,10 @@ class DirectPath:
         self.history_turns = settings.chat.history_turns
 
     def exchange(self, npc: str, history: list[ChatMessage], line: str) -> list[ChatMessage]:
-        """What the actor adds for a line: the scene, told once (first turn), then the line."""
+        """What the actor adds for a line: the line, then the scene, told once (first turn)."""
         scene = self.scene[npc]
         told = [ChatMessage("system", scene)] if scene and not history else []
-        return [*told, ChatMessage("user", line)]
+        return [ChatMessage("user", line), *told]
 
     def messages(
         self, npc: str, history: list[ChatMessage], new: list[ChatMessage]

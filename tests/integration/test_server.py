@@ -127,10 +127,12 @@ async def test_a_turn_with_a_waypoint_tool_call_and_its_ack(
             events = [event async for event in turn]
         # The history holds the line, the reply, the tool's result and the voiced follow-up.
         history = list(gateway.cast.actors["marla"].histories[client.session_id])
-    # The scene (told once), the line, the reply, the tool's result, the voiced follow-up.
-    assert [m.role for m in history] == ["system", "user", "assistant", "system", "assistant"]
-    assert "zone old_town" in history[0].content and "player (1.2 away)" in history[0].content
-    assert "set waypoint" in history[3].content and "140" in history[3].content
+    # The line, the scene (told once), the reply, the tool's result, the voiced follow-up.
+    assert [m.role for m in history] == ["user", "system", "assistant", "system", "assistant"]
+    assert "zone old_town" in history[1].content and "player (1.2 away)" in history[1].content
+    assert history[3].content == (
+        'Game event: set_waypoint {"target": "blackfen_marsh"} -> ok {"distance_m": 140}'
+    )
     assert [c.name for c in calls] == ["set_waypoint"], turn.text
     call = calls[0]
     assert call.args == {"target": "blackfen_marsh"}
@@ -222,7 +224,7 @@ async def test_a_cutoff_stops_the_turn_and_a_new_line_barges_in(
     assert said[0].strip() == cut_text.strip()
     assert [m.content for m in history if m.role == "user"][-1] == "Never mind. Good night!"
     # The scene was told once, on the first turn.
-    assert [m.role for m in history].count("system") == 1 and history[0].role == "system"
+    assert [m.role for m in history].count("system") == 1 and history[1].role == "system"
     await until(lambda: not gateway.engine.metrics().running)
 
 
@@ -250,7 +252,7 @@ async def test_two_npcs_in_parallel_keep_separate_histories(
             history = gateway.cast.actors[npc_id].histories[client.session_id]
             # The line, the reply, and (when the NPC called a tool) the result and follow-up.
             assert [m.content for m in history if m.role == "user"] == [line]
-            assert history[0].role == "system" and len(history) in (3, 5)
+            assert history[1].role == "system" and len(history) in (3, 5)
             said = [m.content for m in history if m.role == "assistant"]
             assert all(part.strip() in text for part in said)
         marla_state = await _npc(address, "marla")

@@ -296,8 +296,9 @@ class NPCActor:
         self.machine.to(DialogueState.LISTENING)
         history = self.histories.setdefault(session, [])
         out = _TurnOutput(self, line)
-        # The scene is told once, when it changed, and kept in the history: every prompt then
-        # extends the session's previous one and only the new line is evaluated.
+        # The scene is told once, when it changed, after the line (before it, the 0.5B model
+        # read it back as its reply), and kept in the history: every prompt then extends the
+        # session's previous one and only the new line is evaluated.
         scene = self.scene.describe()
         if scene and scene != self._scene_told.get(session):
             out.told = [ChatMessage("system", scene)]
@@ -307,7 +308,7 @@ class NPCActor:
         try:
             self.machine.to(DialogueState.THINKING)
             decide = cast.settings.dialogue.decide
-            async for text in self._generate(out, history, *out.told, user):
+            async for text in self._generate(out, history, user, *out.told):
                 if decide and decision_task is None:
                     # The decision (gold) starts once the reply has its first token, so it
                     # cannot delay that token; it is needed only when the reply ends.
@@ -343,7 +344,7 @@ class NPCActor:
             if out.history_open:
                 history.append(ChatMessage("assistant", said or "..."))
             elif said:
-                history += [*out.told, user, ChatMessage("assistant", said)]
+                history += [user, *out.told, ChatMessage("assistant", said)]
             if (said or out.history_open) and out.told:
                 self._scene_told[session] = out.told[0].content
             # Keep twice the exchanges a prompt uses; the oldest whole exchanges go first.
@@ -510,8 +511,8 @@ class NPCActor:
         note = _tool_note(name, args, outcome)
         # The follow-up joins the history as the NPC's next words (in the turn's `finally`).
         exchange = [
-            *out.told,
             user,
+            *out.told,
             ChatMessage("assistant", said or "..."),
             ChatMessage("system", note),
         ]
@@ -523,7 +524,8 @@ class NPCActor:
             if line:
                 out.say(line)
             return
-        async for text in self._generate(out, history[: -len(exchange)], *exchange):
+        history_before = history[: -len(exchange)]
+        async for text in self._generate(out, history_before, *exchange, VOICE_RESULT):
             out.say(text)
 
     def _place(self, place_id: object) -> str:
@@ -705,21 +707,20 @@ def _exchange_starts(history: list[ChatMessage]) -> list[int]:
 
 
 def _tool_note(name: str, args: dict[str, Any], outcome: ToolOutcome) -> str:
-    """How the game's answer reaches the model: a system line after the NPC's reply."""
-    described = ", ".join(f"{k} {v}" for k, v in args.items())
-    if outcome.status == "ok":
-        result = (
-            f" The game answered: {json.dumps(outcome.result, ensure_ascii=False)}."
-            if outcome.result
-            else ""
-        )
-        done = f"You have just done {name.replace('_', ' ')} ({described}) for the player."
-        return f"{done}{result} Tell the player what you did, in one short sentence."
+    """The game's answer as a fact for the history: no instructions in it, which the model
+    would read back on a later turn."""
+    described = json.dumps(args, ensure_ascii=False)
+    result = json.dumps(outcome.result, ensure_ascii=False) if outcome.result else ""
     why = f" ({outcome.message})" if outcome.message else ""
     return (
-        f"You tried to {name.replace('_', ' ')} ({described}) but it failed: {outcome.status}"
-        f"{why}. Tell the player, in one short sentence."
+        f"Game event: {name} {described} -> {outcome.status}{why}{' ' + result if result else ''}"
     )
+
+
+VOICE_RESULT = ChatMessage(
+    "system", "Tell the player, in one short sentence and in character, what you just did."
+)
+"""Asked after a tool's result when the model voices it (`dialogue.tool_voice: model`)."""
 
 
 def _error(exc: MythicError, *, turn_id: str | None) -> Error:
