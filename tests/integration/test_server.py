@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -52,6 +54,7 @@ async def running(
     settings: MythicSettings,
     *,
     on_phrase: Callable[[str, str, str], None] | None = None,
+    world: Path = EXAMPLE_WORLD,
     **sections: dict[str, Any],
 ) -> AsyncIterator[tuple[str, Gateway]]:
     """A real uvicorn serving the example world on a free loopback port."""
@@ -59,7 +62,7 @@ async def running(
         name: getattr(settings, name).model_copy(update=values) for name, values in sections.items()
     }
     effective = settings.model_copy(update=updates)
-    gateway = Gateway(effective, load_world(EXAMPLE_WORLD), *engines, on_phrase=on_phrase)
+    gateway = Gateway(effective, load_world(world), *engines, on_phrase=on_phrase)
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = uvicorn.Server(
@@ -151,6 +154,26 @@ async def test_a_turn_with_a_waypoint_tool_call_and_its_ack(
     ]
     assert status["last_turn"]["intent"] == "navigation"
     assert gateway.cast.stats.tool_calls["ok"] == 1
+
+
+async def test_an_npc_calls_only_the_tools_its_card_lists(
+    engines: tuple[Engine, Engine], settings: MythicSettings, tmp_path: Path
+) -> None:
+    world = tmp_path / "ravenmoor"
+    shutil.copytree(EXAMPLE_WORLD, world)
+    card = world / "npcs" / "marla.yaml"
+    card.write_text(card.read_text() + "tools: [play_emote]\n")
+    async with (
+        running(engines, settings, world=world, chat=_chat(settings)) as (address, gateway),
+        MythicClient(f"ws://{address}/v1/ws", tool_handler=done) as client,
+        asyncio.timeout(120),
+    ):
+        turn = await client.say(
+            "marla", "Which way to Blackfen Marsh? Set a waypoint to blackfen_marsh for me."
+        )
+        await turn.reply()
+    assert turn.tool_calls == [] and turn.finish_reason in ("stop", "length")
+    assert gateway.cast.actors["marla"].tools == ["play_emote"]
 
 
 async def test_an_unanswered_tool_call_is_resent_then_times_out(

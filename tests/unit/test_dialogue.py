@@ -23,6 +23,7 @@ from mythic.dialogue import (
     PhraseBuffer,
     ToolArgumentError,
     decision_schema,
+    npc_tools,
     validate_call,
 )
 
@@ -266,3 +267,12 @@ def test_the_decision_schema_exposes_tools_by_intent_with_known_places_only() ->
     # Whatever the schema admits, validation accepts.
     assert validate_call("set_waypoint", {"target": "blackfen_marsh"})
     assert validate_call("give_item", {"item": "key", "quantity": 9})
+
+
+def test_a_persona_card_chooses_its_tools() -> None:
+    assert npc_tools("marla", None) == list(TOOLS)
+    assert npc_tools("marla", []) == []
+    assert npc_tools("marla", ["set_marker", "give_item"]) == ["give_item", "set_marker"]
+    with pytest.raises(ToolArgumentError, match="unknown tools: cast_fireball") as caught:
+        npc_tools("marla", ["give_item", "cast_fireball"])
+    assert caught.value.fix is not None and "set_waypoint" in caught.value.fix

@@ -29,6 +29,7 @@ from mythic.dialogue._tools import (
     Tool,
     ToolArgumentError,
     decision_schema,
+    npc_tools,
     validate_call,
 )
 
@@ -59,6 +60,7 @@ __all__ = [
     "UnknownCallError",
     "UnknownNPCError",
     "decision_schema",
+    "npc_tools",
     "persona_prompt",
     "validate_call",
 ]

@@ -45,11 +45,11 @@ from mythic.dialogue._phrases import PhraseBuffer
 from mythic.dialogue._states import DialogueState, DialogueStateMachine
 from mythic.dialogue._tools import (
     INTENTS,
-    TOOLS,
     TOOLS_BY_INTENT,
     ToolArgumentError,
     decision_schema,
     describe_tools,
+    npc_tools,
     validate_call,
 )
 from mythic.engine import (
@@ -125,6 +125,7 @@ class NPCActor:
         self.cast = cast
         self.npc_id = npc_id
         self.persona = cast.world.npc(npc_id)
+        self.tools = npc_tools(npc_id, self.persona.tools)
         self.short_name = self.persona.name.split(",")[0]
         self.mailbox: Mailbox[Event] = Mailbox(cast.settings.dialogue.mailbox_size)
         self.machine = DialogueStateMachine(self._state_changed)
@@ -447,7 +448,7 @@ class NPCActor:
         model repeated the last tool on "thank you". A refused or failed decision is logged
         and counts as none: the reply goes on.
         """
-        tools = list(TOOLS) if line.tools else []
+        tools = self.tools if line.tools else []
         schema = decision_schema(tools, places=self._places(), targets=self._targets())
         request = GenerationRequest(
             npc_id=self.npc_id,

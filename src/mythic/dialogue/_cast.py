@@ -32,6 +32,7 @@ from mythic.contracts import (
 )
 from mythic.dialogue._actor import NPCActor
 from mythic.dialogue._events import AskIntent, PlayerLine, SceneChange, SessionGone, StopTurn
+from mythic.dialogue._tools import npc_tools
 from mythic.engine import Engine
 from mythic.knowledge import World
 
@@ -95,7 +96,11 @@ class DialogueStats:
 
 class Cast:
     """Owns the actors of the active NPCs: starts one on its NPC's first message, cancels and
-    awaits all of them on `aclose`, and restarts one that crashes."""
+    awaits all of them on `aclose`, and restarts one that crashes.
+
+    Raises:
+        ToolArgumentError: a persona card lists a tool that does not exist.
+    """
 
     def __init__(
         self,
@@ -107,6 +112,8 @@ class Cast:
         intent_engine: Engine | None = None,
         on_phrase: Callable[[str, str, str], None] | None = None,
     ) -> None:
+        for npc_id, persona in world.npcs.items():
+            npc_tools(npc_id, persona.tools)  # an unknown tool name fails here, at start
         self.world = world
         self.engine = engine
         self.intent_engine = intent_engine or engine

@@ -144,6 +144,23 @@ TOOLS: Mapping[str, Tool] = {
 """The built-in game tools, by name."""
 
 
+def npc_tools(npc_id: str, listed: Iterable[str] | None) -> list[str]:
+    """The tools an NPC's card allows, in the built-in order (all when the card lists none).
+
+    Raises:
+        ToolArgumentError: the card names a tool that does not exist.
+    """
+    if listed is None:
+        return list(TOOLS)
+    unknown = sorted(set(listed) - set(TOOLS))
+    if unknown:
+        raise ToolArgumentError(
+            f"NPC {npc_id!r} lists unknown tools: {', '.join(unknown)}",
+            fix=f"use some of: {', '.join(TOOLS)}",
+        )
+    return [name for name in TOOLS if name in set(listed)]
+
+
 def validate_call(name: str, args: Any, allowed: Iterable[str] | None = None) -> dict[str, Any]:
     """The arguments of a call to `name`, validated, cleaned and capped, as JSON-ready data.
 

@@ -55,6 +55,9 @@ class Persona(_Card):
     """A few sentences of history, in the third person."""
     zone: Slug | None = None
     """The zone the NPC lives in (a key of `zones` in world.yaml)."""
+    tools: list[Slug] | None = Field(default=None, max_length=64)
+    """The game tools this NPC may call (give_item, set_waypoint, open_dialog, play_emote,
+    set_focus, set_marker); left out: all of them; `[]`: none."""
 
     @field_validator("zone")
     @classmethod
