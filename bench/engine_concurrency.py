@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -36,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _results import write_results  # noqa: E402
 from mythic.config import EngineSettings, load_settings  # noqa: E402
 from mythic.dialogue import persona_prompt  # noqa: E402
 from mythic.engine import (  # noqa: E402
@@ -397,26 +396,14 @@ def main() -> None:
         asyncio.run(bench_model(name, trials, ns, args.quick)) for name in args.models.split(",")
     ]
     print_table(results)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "engine_concurrency",
-                "baseline": "llama-cpp-python create_chat_completion, one request at a time",
-                "max_tokens": MAX_TOKENS,
-                "machine": {
-                    "cpu_count": os.cpu_count(),
-                    "platform": platform.platform(),
-                    "python": platform.python_version(),
-                },
-                "unix_time": int(time.time()),
-                "results": results,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        RESULTS,
+        ROOT,
+        results=results,
+        benchmark="engine_concurrency",
+        baseline="llama-cpp-python create_chat_completion, one request at a time",
+        max_tokens=MAX_TOKENS,
     )
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -11,15 +11,13 @@ a noisy machine. Writes bench/results/engine_single.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from _results import write_results
 from mythic.config import load_settings
 from mythic.dialogue import persona_prompt
 from mythic.engine import (
@@ -150,25 +148,13 @@ def main() -> None:
         )
     print(f"(medians of {args.runs} loads x 2 prompts; ratios against {BASELINE} in this run)")
 
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "engine_single",
-                "baseline": BASELINE,
-                "machine": {
-                    "cpu_count": os.cpu_count(),
-                    "platform": platform.platform(),
-                    "python": platform.python_version(),
-                },
-                "unix_time": int(time.time()),
-                "results": [asdict(r) for r in rows],
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        RESULTS,
+        ROOT,
+        results=[asdict(r) for r in rows],
+        benchmark="engine_single",
+        baseline=BASELINE,
     )
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -42,9 +42,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -59,6 +56,7 @@ import uvicorn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _results import write_results  # noqa: E402
 from mythic import MythicError  # noqa: E402
 from mythic.client import MythicClient  # noqa: E402
 from mythic.config import MythicSettings, load_settings  # noqa: E402
@@ -522,32 +520,20 @@ def main() -> None:
     finally:
         engine.close()
     print_table(rows)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "server_load",
-                "baseline": "the engine called directly with the NPC actor's requests, "
-                "one turn at a time per NPC",
-                "model": args.model,
-                "max_tokens": args.tokens,
-                "turns": turns,
-                "rounds": rounds,
-                "conversations": ns,
-                "target": {"ttft_p50_ratio_at_8": TARGET_AT_8},
-                "machine": {
-                    "cpu_count": os.cpu_count(),
-                    "platform": platform.platform(),
-                    "python": platform.python_version(),
-                },
-                "unix_time": int(time.time()),
-                "results": rows,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        RESULTS,
+        ROOT,
+        results=rows,
+        benchmark="server_load",
+        baseline="the engine called directly with the NPC actor's requests, "
+        "one turn at a time per NPC",
+        model=args.model,
+        max_tokens=args.tokens,
+        turns=turns,
+        rounds=rounds,
+        conversations=ns,
+        target={"ttft_p50_ratio_at_8": TARGET_AT_8},
     )
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
