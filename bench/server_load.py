@@ -46,12 +46,10 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import uvicorn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -65,7 +63,7 @@ from mythic.dialogue import Scene, persona_prompt  # noqa: E402
 from mythic.dialogue._conversation import chat_sampling  # noqa: E402
 from mythic.engine import ChatMessage, Engine, GenerationRequest, Priority  # noqa: E402
 from mythic.knowledge import World, load_world  # noqa: E402
-from mythic.server import Gateway, bind, create_app  # noqa: E402
+from mythic.server import Gateway, serving  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "server_load.json"
 WORLD = ROOT / "examples" / "worlds" / "ravenmoor"
@@ -261,30 +259,6 @@ class DirectPath:
 # -- the server path --------------------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def serving(
-    settings: MythicSettings, world: World, engine: Engine
-) -> AsyncIterator[tuple[str, Gateway]]:
-    """A real uvicorn serving `world` on a free loopback port (as the integration tests do)."""
-    gateway = Gateway(settings, world, engine)
-    sock = bind("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(gateway), log_level="warning", ws_max_size=4 << 20)
-    )
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(120):
-            while not (server.started and gateway.ready):  # noqa: ASYNC110 - no event to wait on
-                await asyncio.sleep(0.01)
-        yield f"ws://127.0.0.1:{port}/v1/ws", gateway
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(30):
-            await task
-        sock.close()
-
-
 class ServerPath:
     """The conversations as game clients: one WebSocket session each."""
 
@@ -423,7 +397,9 @@ async def bench(
     settings = bench_settings(load_settings(), tokens, max(ns))
     script = tavern_script(len(npcs))
     rows = []
-    async with serving(settings, world, engine) as (url, gateway):
+    gateway = Gateway(settings, world, engine)
+    async with serving(gateway) as (host, port):
+        url = f"ws://{host}:{port}/v1/ws"
         paths: dict[str, DirectPath | ServerPath] = {
             "direct": DirectPath(engine, world, settings),
             "server": ServerPath(url, gateway, npcs),

@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from websockets.asyncio.client import connect
 
 from mythic.client import ConnectionLostError, MythicClient, ToolResult
@@ -28,7 +27,7 @@ from mythic.contracts import (
 )
 from mythic.engine import Engine
 from mythic.knowledge import load_world
-from mythic.server import Gateway, bind, create_app
+from mythic.server import Gateway, serving
 from tests.conftest import EXAMPLE_WORLD
 
 pytestmark = pytest.mark.integration
@@ -63,20 +62,8 @@ async def running(
     }
     effective = settings.model_copy(update=updates)
     gateway = Gateway(effective, load_world(world), *engines, on_phrase=on_phrase)
-    sock = bind("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(gateway), log_level="warning", ws_max_size=4 << 20)
-    )
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        await until(lambda: server.started and gateway.ready, 60)
-        yield f"127.0.0.1:{port}", gateway
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(30):
-            await task
-        sock.close()
+    async with serving(gateway) as (host, port):
+        yield f"{host}:{port}", gateway
 
 
 def _chat(settings: MythicSettings) -> dict[str, Any]:

@@ -4,18 +4,25 @@
 
     app = create_app(Gateway(settings, world, engine))   # any ASGI server runs it
 
-`serve` loads the models and runs it on uvicorn. Needs the `server` extra.
+`serve` loads the models and runs it on uvicorn until Ctrl-C; `serving` runs a gateway on
+uvicorn inside the running event loop (tests, benchmarks, a tool that embeds Mythic). Needs
+the `server` extra.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from mythic._extras import require
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    import uvicorn
 
     from mythic.config import MythicSettings
 
@@ -37,6 +44,7 @@ __all__ = [
     "bind",
     "create_app",
     "serve",
+    "serving",
 ]
 
 
@@ -49,6 +57,54 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def _uvicorn_config(app: Any, gateway: Gateway) -> uvicorn.Config:
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        # Frames up to 4x the protocol's cap still arrive, to be answered `frame_too_large`.
+        ws_max_size=4 * gateway.settings.server.max_frame_bytes,
+        ws_ping_interval=20,
+        ws_ping_timeout=20,
+        timeout_graceful_shutdown=5,
+    )
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, ready_timeout_s: float = 120
+) -> AsyncIterator[tuple[str, int]]:
+    """Serve `gateway` on uvicorn in the running event loop; yields the bound (host, port)
+    once it accepts connections and its engines are warmed, and shuts it down on exit.
+
+    Raises:
+        TimeoutError: the server was not ready within `ready_timeout_s`.
+        OSError: the address is in use.
+    """
+    import uvicorn
+
+    sock = bind(host, port)
+    server = uvicorn.Server(_uvicorn_config(create_app(gateway), gateway))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(ready_timeout_s):
+            while not (server.started and gateway.ready):
+                if task.done():
+                    task.result()  # startup failed: raise its error
+                    raise RuntimeError("uvicorn stopped during startup")
+                await asyncio.sleep(0.01)
+        bound_host, bound_port = sock.getsockname()[:2]
+        yield bound_host, bound_port
+    finally:
+        server.should_exit = True
+        try:
+            async with asyncio.timeout(30):
+                await task
+        finally:
+            sock.close()
 
 
 def serve(
@@ -89,15 +145,7 @@ def serve(
             "-H 'content-type: application/json' -d '{\"text\": \"Hello\"}'\n"
             f"  NPCs: {', '.join(sorted(world.npcs))}"
         )
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            ws_max_size=4 * server_settings.max_frame_bytes,
-            ws_ping_interval=20,
-            ws_ping_timeout=20,
-            timeout_graceful_shutdown=5,
-        )
-        uvicorn.Server(config).run(sockets=[sock])
+        uvicorn.Server(_uvicorn_config(app, gateway)).run(sockets=[sock])
     finally:
         sock.close()
         engine.close()
