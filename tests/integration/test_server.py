@@ -365,6 +365,18 @@ async def test_http_endpoints(server: tuple[str, Gateway]) -> None:
             "/v1/npcs/marla/say", json={"text": "Still open?", "session_id": "alice"}
         )
         assert again.status_code == 200
+        # Two lines at once on one HTTP conversation: the second barges in on the first, and
+        # both requests get their answer (none waits for a turn that will never end).
+        both = await asyncio.gather(
+            *(
+                http.post("/v1/npcs/bran/say", json={"text": text, "session_id": "bob"})
+                for text in ("Hello!", "Any news?")
+            )
+        )
+        assert [r.status_code for r in both] == [200, 200]
+        assert {r.json()["finish_reason"] for r in both} <= {"stop", "length", "cutoff"}
+        # Whichever arrived last was answered in full.
+        assert any(r.json()["text"] and r.json()["finish_reason"] != "cutoff" for r in both)
         state = (await http.get("/v1/npcs/marla")).json()
         # The scene told once, then two exchanges.
         assert state["history_messages"]["http.alice"] == 5

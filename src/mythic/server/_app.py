@@ -187,7 +187,7 @@ class Gateway:
                 if message.final and message.finish_reason != "tool_call" and not done.done():
                     done.set_result(message.finish_reason or "stop")
 
-        session.listener = listen
+        session.listeners.append(listen)
         session.detached_at = time.monotonic()
         try:
             line = PlayerUtterance(
@@ -197,7 +197,7 @@ class Gateway:
             async with asyncio.timeout(120):
                 finish = await done
         finally:
-            session.listener = None
+            session.listeners.remove(listen)
             session.detached_at = time.monotonic()
             if body.session_id is None:
                 self.sessions.remove(session.id)

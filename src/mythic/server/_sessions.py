@@ -27,7 +27,8 @@ class Session:
     """One game client's session: its outgoing messages and, while connected, its reader.
 
     Messages queue in `outbox` for the connection's writer; while disconnected they wait for a
-    resume, the oldest dropped beyond `outbox_size`. An HTTP caller sets `listener` instead.
+    resume, the oldest dropped beyond `outbox_size`. HTTP callers add `listeners` instead
+    (one per turn in flight).
     """
 
     def __init__(self, session_id: str, player_id: str | None, outbox_size: int) -> None:
@@ -40,12 +41,13 @@ class Session:
         self.connected = False
         self.overflowed = False
         self.detached_at: float | None = None
-        self.listener: Callable[[ServerMessage], None] | None = None
+        self.listeners: list[Callable[[ServerMessage], None]] = []
         self.on_overflow: Callable[[], None] | None = None
 
     def push(self, message: ServerMessage) -> None:
-        if self.listener is not None:
-            self.listener(message)
+        if self.listeners:
+            for listener in list(self.listeners):
+                listener(message)
             return
         if len(self.outbox) >= self.outbox_size:
             if self.connected:
