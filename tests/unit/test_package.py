@@ -22,6 +22,7 @@ PUBLIC = [
     "mythic.contracts",
     "mythic.engine",
     "mythic.knowledge",
+    "mythic.memory",
     "mythic.dialogue",
     "mythic.server",
     "mythic.client",
@@ -34,11 +35,12 @@ ALLOWED: dict[str, set[str]] = {
     "contracts": {"_errors"},
     "engine": BASE,
     "knowledge": BASE,
-    "dialogue": BASE | {"engine", "knowledge"},
-    "server": BASE | {"engine", "knowledge", "dialogue"},
+    "memory": BASE,
+    "dialogue": BASE | {"engine", "knowledge", "memory"},
+    "server": BASE | {"engine", "knowledge", "memory", "dialogue"},
     # A game vendors the client without the server: it may import only the wire contracts.
     "client": {"_errors", "_extras", "contracts"},
-    "cli": BASE | {"engine", "knowledge", "dialogue", "server", "client"},
+    "cli": BASE | {"engine", "knowledge", "memory", "dialogue", "server", "client"},
 }
 HEAVY = ["llama_cpp", "torch", "numpy", "transformers", "redis", "asyncpg"]
 
@@ -46,7 +48,7 @@ HEAVY = ["llama_cpp", "torch", "numpy", "transformers", "redis", "asyncpg"]
 def test_import_loads_no_model_and_no_heavy_library() -> None:
     code = (
         "import sys, mythic, mythic.config, mythic.engine, mythic.knowledge, "
-        "mythic.dialogue, mythic.cli\n"
+        "mythic.memory, mythic.dialogue, mythic.cli\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])"
     )
     result = subprocess.run(

@@ -11,9 +11,11 @@ from mythic.config._settings import (
     ConfigError,
     DialogueSettings,
     EngineSettings,
+    MemorySettings,
     MythicSettings,
     ServerSettings,
     WorldSettings,
+    default_data_dir,
     load_settings,
 )
 
@@ -22,8 +24,10 @@ __all__ = [
     "ConfigError",
     "DialogueSettings",
     "EngineSettings",
+    "MemorySettings",
     "MythicSettings",
     "ServerSettings",
     "WorldSettings",
+    "default_data_dir",
     "load_settings",
 ]

@@ -61,6 +61,7 @@ from mythic.engine import (
     RequestError,
     Sampling,
 )
+from mythic.memory import Fact, Memory
 
 if TYPE_CHECKING:
     from mythic.dialogue._cast import Cast, ToolOutcome
@@ -138,6 +139,11 @@ class NPCActor:
         self._held: deque[PlayerLine] = deque()
         self._scene_told: dict[str, str] = {}
         """Per session, the scene description last put in its history."""
+        self._players: dict[str, str] = {}
+        """Per session, the player it belongs to (sessions that name one)."""
+        self._memory_told: dict[str, ChatMessage | None] = {}
+        """Per session, the `## Recent Memory` message its prompts carry: built once, at the
+        session's first line, so every later prompt extends the previous one."""
         self._intent_task: asyncio.Task[None] | None = None
         self._next_intent: AskIntent | None = None
         self._session_of_state: str | None = None
@@ -234,6 +240,10 @@ class NPCActor:
                 if forget:
                     self.histories.pop(session_id, None)
                     self._scene_told.pop(session_id, None)
+                    self._memory_told.pop(session_id, None)
+                    player = self._players.pop(session_id, None)
+                    if player is not None and self.cast.memory is not None:
+                        self.cast.memory.summarize(self.npc_id, player, session_id)
             case TurnDone():
                 if self._turn is not None and self._turn.task.done():
                     self._turn = None
@@ -297,6 +307,7 @@ class NPCActor:
         self.machine.to(DialogueState.LISTENING)
         history = self.histories.setdefault(session, [])
         out = _TurnOutput(self, line)
+        memory = cast.memory if line.player_id is not None else None
         # The scene is told once, when it changed, after the line (before it, the 0.5B model
         # read it back as its reply), and kept in the history: every prompt then extends the
         # session's previous one and only the new line is evaluated.
@@ -308,6 +319,8 @@ class NPCActor:
         speaking = False
         try:
             self.machine.to(DialogueState.THINKING)
+            if memory is not None and line.player_id is not None:
+                await self._recall(memory, session, line.player_id)
             decide = cast.settings.dialogue.decide
             async for text in self._generate(out, history, user, *out.told):
                 if decide and decision_task is None:
@@ -342,6 +355,10 @@ class NPCActor:
                     await decision_task
             out.close()
             said = out.text().strip()
+            if memory is not None and line.player_id is not None:
+                memory.record_turn(self.npc_id, line.player_id, session, "player", line.text)
+                if said:
+                    memory.record_turn(self.npc_id, line.player_id, session, "npc", said)
             if out.history_open:
                 history.append(ChatMessage("assistant", said or "..."))
             elif said:
@@ -362,17 +379,29 @@ class NPCActor:
             self.machine.to(DialogueState.IDLE)
             self._session_of_state = self._turn_of_state = None
 
+    async def _recall(self, memory: Memory, session: str, player_id: str) -> None:
+        """At a session's first line: warm -> hot (a bounded wait), then the session's memory
+        section from hot, kept for all its prompts."""
+        self._players[session] = player_id
+        if session not in self._memory_told:
+            await memory.prefetch(self.npc_id, player_id)
+            told = memory.context(self.npc_id, player_id, session_id=session)
+            self._memory_told[session] = ChatMessage("system", told) if told else None
+
     def _reply_messages(
-        self, history: list[ChatMessage], *tail: ChatMessage, drop: int = 0
+        self, session_id: str, history: list[ChatMessage], *tail: ChatMessage, drop: int = 0
     ) -> list[ChatMessage] | None:
-        """Persona, the last `chat.history_turns` exchanges of the history without the `drop`
-        oldest, then `tail`; None when there are not `drop` exchanges left to drop."""
+        """Persona, the session's memory section, the last `chat.history_turns` exchanges of
+        the history without the `drop` oldest, then `tail`; None when there are not `drop`
+        exchanges left to drop."""
         keep = self.cast.settings.chat.history_turns
         starts = _exchange_starts(history)[-keep:] if keep else []
         if drop > len(starts):
             return None
         begin = starts[drop] if drop < len(starts) else len(history)
-        return [self.system, *history[begin:], *tail]
+        remembered = self._memory_told.get(session_id)
+        head = [self.system, remembered] if remembered is not None else [self.system]
+        return [*head, *history[begin:], *tail]
 
     async def _generate(
         self, out: _TurnOutput, history: list[ChatMessage], *tail: ChatMessage
@@ -385,7 +414,7 @@ class NPCActor:
         """
         drop = 0
         while True:
-            messages = self._reply_messages(history, *tail, drop=drop)
+            messages = self._reply_messages(out.line.session_id, history, *tail, drop=drop)
             if messages is None:
                 raise ContextOverflowError(
                     "the persona and this line do not fit the model's context; say less"
@@ -510,6 +539,7 @@ class NPCActor:
         out.tool_calls.append({"name": name, "args": args, "status": outcome.status})
         said = out.text().strip()
         note = _tool_note(name, args, outcome)
+        self._remember_tool(out.line, name, args, outcome, note)
         # The follow-up joins the history as the NPC's next words (in the turn's `finally`).
         exchange = [
             user,
@@ -528,6 +558,30 @@ class NPCActor:
         history_before = history[: -len(exchange)]
         async for text in self._generate(out, history_before, *exchange, VOICE_RESULT):
             out.say(text)
+
+    def _remember_tool(
+        self,
+        line: PlayerLine,
+        name: str,
+        args: dict[str, Any],
+        outcome: ToolOutcome,
+        note: str,
+    ) -> None:
+        """Archive a tool call; a gift the game confirmed becomes a salient fact."""
+        memory = self.cast.memory
+        if memory is None or line.player_id is None:
+            return
+        fact = None
+        if name == "give_item" and outcome.status == "ok":
+            fact = Fact(f"{self.short_name} gave the player {args.get('item')}", 6, "gift")
+        memory.record_event(
+            self.npc_id,
+            line.player_id,
+            line.session_id,
+            note,
+            data={"tool": name, "args": args, "status": outcome.status},
+            fact=fact,
+        )
 
     def _place(self, place_id: object) -> str:
         zone = self.cast.world.card.zones.get(str(place_id))

@@ -33,8 +33,9 @@ from mythic.contracts import (
 from mythic.dialogue._actor import NPCActor
 from mythic.dialogue._events import AskIntent, PlayerLine, SceneChange, SessionGone, StopTurn
 from mythic.dialogue._tools import npc_tools
-from mythic.engine import Engine
+from mythic.engine import ChatMessage, Engine, GenerationRequest, Priority, Sampling
 from mythic.knowledge import World
+from mythic.memory import Memory, NPCInfo
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,17 @@ class Cast:
         *,
         intent_engine: Engine | None = None,
         on_phrase: Callable[[str, str, str], None] | None = None,
+        memory: Memory | None = None,
     ) -> None:
         for npc_id, persona in world.npcs.items():
             npc_tools(npc_id, persona.tools)  # an unknown tool name fails here, at start
+        self.memory = memory
+        if memory is not None:
+            memory.writer = self._write_summary
+            memory.npcs = {
+                npc_id: NPCInfo(p.name.split(",")[0], f"a {p.archetype} in {world.name}")
+                for npc_id, p in world.npcs.items()
+            }
         self.world = world
         self.engine = engine
         self.intent_engine = intent_engine or engine
@@ -149,8 +158,16 @@ class Cast:
         self._tasks[npc_id] = asyncio.create_task(self._supervise(actor), name=f"npc {npc_id}")
         return actor
 
-    def deliver(self, session_id: str, message: ClientMessage, *, tools: bool = True) -> None:
-        """Route a client message to its NPC without waiting.
+    def deliver(
+        self,
+        session_id: str,
+        message: ClientMessage,
+        *,
+        tools: bool = True,
+        player_id: str | None = None,
+    ) -> None:
+        """Route a client message to its NPC without waiting. `player_id`: whom the session
+        belongs to, so the NPC remembers them.
 
         Raises:
             UnknownNPCError: the message names an NPC the world does not have.
@@ -161,7 +178,7 @@ class Cast:
         match message:
             case PlayerUtterance():
                 self.actor(message.npc_id).deliver(
-                    PlayerLine(session_id, message.turn_id, message.text, now, tools)
+                    PlayerLine(session_id, message.turn_id, message.text, now, tools, player_id)
                 )
             case Cutoff():
                 self.actor(message.npc_id).deliver(
@@ -189,6 +206,22 @@ class Cast:
         self.stats.phrases += 1
         if self._on_phrase is not None:
             self._on_phrase(npc_id, turn_id, text)
+
+    async def _write_summary(
+        self, system: str, user: str, schema: dict[str, Any], max_tokens: int
+    ) -> str:
+        """Memory's summarizer: one constrained request at the lowest priority (bronze)."""
+        request = GenerationRequest(
+            npc_id="_memory",
+            session_id="summary",
+            messages=[ChatMessage("system", system), ChatMessage("user", user)],
+            priority=Priority.BRONZE,
+            json_schema=schema,
+            sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
+        )
+        async with self.engine.submit(request) as stream:
+            done = await stream.collect()
+        return done.text
 
     # -- tool calls ---------------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ class PlayerLine:
     """`time.perf_counter()` when the line arrived, for time to first token."""
     tools: bool = True
     """Whether the NPC may call game tools this turn (not over plain HTTP, which cannot Ack)."""
+    player_id: str | None = None
+    """The player the session belongs to: the NPC remembers them across sessions."""
 
 
 @dataclass(slots=True, frozen=True)

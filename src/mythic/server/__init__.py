@@ -132,7 +132,12 @@ def serve(
     try:
         if settings.engine.intent_model != settings.engine.dialogue_model:
             intent_engine = Engine.load(settings.engine, settings.engine.intent_model)
-        gateway = Gateway(settings, world, engine, intent_engine)
+        memory = None
+        if settings.memory.enabled:
+            from mythic.memory import Memory
+
+            memory = Memory(settings.memory)
+        gateway = Gateway(settings, world, engine, intent_engine, memory=memory)
         app = create_app(gateway)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host

@@ -21,6 +21,7 @@ from mythic.contracts import MAX_TEXT_CHARS, LLMStreamDelta, PlayerUtterance, Se
 from mythic.dialogue import Cast, MailboxFullError, TurnRecord, UnknownNPCError
 from mythic.engine import ChatMessage, Engine, GenerationRequest, Priority, Sampling
 from mythic.knowledge import World
+from mythic.memory import CardError, Memory, MemoryStoreError
 from mythic.server._sessions import Session, Sessions
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ class SayRequest(BaseModel):
     """What the player says."""
     session_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     """Continue this HTTP conversation (its history); leave out for a fresh one."""
+    player_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    """The player speaking: the NPC remembers them across conversations."""
 
 
 class SayReply(BaseModel):
@@ -80,9 +83,11 @@ class Gateway:
         intent_engine: Engine | None = None,
         *,
         on_phrase: Callable[[str, str, str], None] | None = None,
+        memory: Memory | None = None,
     ) -> None:
         """`on_phrase(npc_id, turn_id, text)` receives each phrase of a reply, ready for
-        speech synthesis."""
+        speech synthesis. `memory`: the NPCs remember players across sessions (the app starts
+        and closes it)."""
         self.settings = settings
         self.world = world
         self.engine = engine
@@ -94,8 +99,15 @@ class Gateway:
             resume_ttl_s=server.resume_ttl_s,
             outbox_size=server.outbox_size,
         )
+        self.memory = memory
         self.cast = Cast(
-            world, engine, settings, self.send, intent_engine=intent_engine, on_phrase=on_phrase
+            world,
+            engine,
+            settings,
+            self.send,
+            intent_engine=intent_engine,
+            on_phrase=on_phrase,
+            memory=memory,
         )
         self.ready = False
         self.started = time.monotonic()
@@ -176,7 +188,7 @@ class Gateway:
         session = self.sessions.get(session_id) if session_id else None
         if session is None:
             # A named HTTP conversation keeps its id, and so its history, across calls.
-            session = self.sessions.open(None, prefix="http", session_id=session_id)
+            session = self.sessions.open(body.player_id, prefix="http", session_id=session_id)
         turn_id = f"h-{time.monotonic_ns()}"
         done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         pieces: list[str] = []
@@ -193,7 +205,7 @@ class Gateway:
             line = PlayerUtterance(
                 npc_id=npc_id, session_id=session.id, turn_id=turn_id, text=body.text
             )
-            self.cast.deliver(session.id, line, tools=False)
+            self.cast.deliver(session.id, line, tools=False, player_id=session.player_id)
             async with asyncio.timeout(120):
                 finish = await done
         finally:
@@ -266,16 +278,22 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with asyncio.TaskGroup() as tasks:
-            reaper = tasks.create_task(gateway.reap())
-            warming = tasks.create_task(_warm(gateway)) if warm else None
-            try:
-                yield
-            finally:
-                reaper.cancel()
-                if warming is not None:
-                    warming.cancel()
-                await gateway.cast.aclose()
+        if gateway.memory is not None:
+            await gateway.memory.start()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                reaper = tasks.create_task(gateway.reap())
+                warming = tasks.create_task(_warm(gateway)) if warm else None
+                try:
+                    yield
+                finally:
+                    reaper.cancel()
+                    if warming is not None:
+                        warming.cancel()
+                    await gateway.cast.aclose()
+        finally:
+            if gateway.memory is not None:
+                await gateway.memory.aclose()
 
     app = FastAPI(
         title="Mythic",
@@ -331,6 +349,40 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
             raise HTTPException(429, exc.message) from None
         except TimeoutError:
             raise HTTPException(504, "the NPC did not finish its reply in 120 s") from None
+
+    def _memory() -> Memory:
+        if gateway.memory is None:
+            raise HTTPException(404, "memory is off on this server (memory.enabled: false)")
+        return gateway.memory
+
+    @app.get("/v1/memory/{player_id}")
+    async def memory_show(player_id: str) -> dict[str, Any]:
+        """Everything the NPCs remember of a player, per tier (hot, warm, cold)."""
+        try:
+            return await _memory().show(player_id)
+        except MemoryStoreError as exc:
+            raise HTTPException(503, exc.message) from None
+
+    @app.delete("/v1/memory/{player_id}")
+    async def memory_forget(player_id: str) -> dict[str, Any]:
+        """Delete everything about a player in every tier."""
+        try:
+            return {"player_id": player_id, "deleted": await _memory().forget(player_id)}
+        except MemoryStoreError as exc:
+            raise HTTPException(503, exc.message) from None
+
+    @app.put("/v1/npcs/{npc_id}/memory/{player_id}/cards/{name}")
+    async def memory_card(
+        npc_id: str, player_id: str, name: str, card: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Replace the relationship or quest card an NPC keeps of a player (≤ 2 KB: the
+        oldest list entries are trimmed to fit; malformed cards get 422)."""
+        _known(npc_id)
+        try:
+            stored = _memory().set_card(npc_id, player_id, card, name=name)
+        except CardError as exc:
+            raise HTTPException(422, exc.message) from None
+        return {"npc_id": npc_id, "player_id": player_id, "name": name, **stored.model_dump()}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

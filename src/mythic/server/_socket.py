@@ -222,7 +222,7 @@ class Connection:
                 )
                 return
         try:
-            self.gateway.cast.deliver(session.id, message)
+            self.gateway.cast.deliver(session.id, message, player_id=session.player_id)
         except UnknownNPCError as exc:
             self._fail("unknown_npc", exc.message, ref=f"{message.type}.npc_id", turn_id=turn_id)
         except UnknownCallError as exc:

@@ -1,0 +1,619 @@
+"""`Memory`: the three tiers behind one object, as the NPC actors use them.
+
+Writes go to hot synchronously, to warm through an ordered background writer, and to cold
+through the archiver; nothing a turn calls awaits the warm or cold tier except `prefetch`,
+once per conversation and bounded by `prefetch_timeout_s`. Prompts are built from hot only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mythic.config import MemorySettings
+from mythic.memory._archiver import Archiver
+from mythic.memory._clock import DAY_S, Clock, SystemClock
+from mythic.memory._cold import ColdStore, HistoryQuery, MigrationError, open_cold
+from mythic.memory._hot import HotEntry, HotMemory, Pair
+from mythic.memory._model import (
+    Emotion,
+    Fact,
+    MemoryEvent,
+    MemoryStoreError,
+    QuestCard,
+    RelationshipCard,
+    Summary,
+    fit_card,
+    merge_facts,
+    parse_card,
+    same_fact,
+)
+from mythic.memory._summarize import Writer, digest
+from mythic.memory._warm import FallbackWarm, RedisWarm, SqliteWarm, WarmStore
+
+log = logging.getLogger(__name__)
+
+_MAX_WARM_BACKLOG = 100_000
+
+
+@dataclass(slots=True)
+class MemoryStats:
+    """Counters for /metrics and the benchmark."""
+
+    prefetches: int = 0
+    prefetch_timeouts: int = 0
+    prefetch_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
+    warm_errors: int = 0
+    warm_dropped: int = 0
+    summaries: int = 0
+    summaries_by_model: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NPCInfo:
+    """How the summarizer names an NPC."""
+
+    name: str
+    about: str
+
+
+class Memory:
+    """Hot, warm and cold memory of every NPCxplayer."""
+
+    def __init__(
+        self,
+        settings: MemorySettings,
+        *,
+        clock: Clock | None = None,
+        warm: WarmStore | None = None,
+        cold: ColdStore | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.hot = HotMemory(
+            max_turns=settings.hot_turns,
+            ttl_s=settings.hot_ttl_s,
+            max_bytes=settings.hot_max_bytes,
+            clock=self.clock,
+        )
+        self.warm = warm or open_warm(settings, self.clock)
+        self.cold = cold or open_cold(settings.cold_url, settings.data_dir / "archive.sqlite3")
+        self.archiver = Archiver(
+            self.cold,
+            settings.data_dir / "spool",
+            flush_s=settings.flush_s,
+            batch=settings.batch,
+            timeout_s=settings.cold_timeout_s,
+            retry_s=settings.retry_s,
+        )
+        self.stats = MemoryStats()
+        self.writer: Writer | None = None
+        """Set by the dialogue layer: generates summaries at idle priority."""
+        self.npcs: dict[str, NPCInfo] = {}
+        self._warm_ops: deque[Callable[[], Awaitable[None]]] = deque()
+        self._warm_wake = asyncio.Event()
+        self._warm_idle = asyncio.Event()
+        self._warm_idle.set()
+        self._summary_queue: deque[tuple[Pair, str | None]] = deque()
+        self._summary_wake = asyncio.Event()
+        self._summarizing: set[Pair] = set()
+        self._summary_idle = asyncio.Event()
+        self._summary_idle.set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Migrate (or check) the archive and start the background writers.
+
+        Raises:
+            MigrationError: `auto_migrate` is off and the archive has no tables.
+        """
+        if self.settings.auto_migrate:
+            try:
+                applied = await self.cold.migrate()
+                if applied:
+                    log.info("memory archive migrated to version %d", applied[-1].version)
+            except MigrationError:
+                raise
+            except MemoryStoreError as exc:
+                # The database is down: the archiver spools until it is back.
+                log.warning("memory archive not reachable at start: %s", exc)
+        else:
+            with contextlib.suppress(MemoryStoreError):
+                await self.cold.count("_")
+        self.archiver.start()
+        self._tasks = [
+            asyncio.create_task(self._warm_writer(), name="mythic warm writer"),
+            asyncio.create_task(self._summary_worker(), name="mythic summaries"),
+            asyncio.create_task(self._sweeper(), name="mythic hot sweep"),
+        ]
+
+    async def settle(self) -> None:
+        """Wait until every queued warm write and summary is done and the archive flushed."""
+        while True:
+            await self._summary_idle.wait()
+            await self._warm_idle.wait()
+            await self.archiver.flush()
+            if self._summary_idle.is_set() and self._warm_idle.is_set():
+                return
+
+    async def aclose(self) -> None:
+        """Write what is queued (warm, archive; summaries still queued are dropped: their turns
+        are in warm and cold) and close the stores."""
+        self._summary_queue.clear()
+        for task in self._tasks:
+            if task.get_name() != "mythic warm writer":
+                task.cancel()
+        for task in self._tasks:
+            if task.get_name() != "mythic warm writer":
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        try:
+            async with asyncio.timeout(10):
+                await self._warm_idle.wait()
+        except TimeoutError:
+            log.warning("memory: %d warm writes not done at shutdown", len(self._warm_ops))
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.archiver.aclose()
+        await self.warm.aclose()
+        await self.cold.aclose()
+
+    async def __aenter__(self) -> Memory:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- writes (synchronous: never await I/O) ------------------------------------------------
+
+    def record_turn(
+        self, npc_id: str, player_id: str, session_id: str | None, role: str, text: str
+    ) -> MemoryEvent:
+        """A player line (`role` "player") or an NPC reply ("npc"): to hot now, then warm and
+        cold behind."""
+        pair = (npc_id, player_id)
+        event = MemoryEvent.new(
+            "turn", npc_id, player_id, self.clock.now(), text, session_id=session_id, role=role
+        )
+        entry = self.hot.add_turn(pair, event)
+        self._to_warm(lambda: self.warm.append_turn(pair, event))
+        self.archiver.submit(event)
+        if len(entry.pending) >= self.settings.hot_turns:
+            self.summarize(npc_id, player_id, session_id)
+        return event
+
+    def record_event(
+        self,
+        npc_id: str,
+        player_id: str,
+        session_id: str | None,
+        text: str,
+        *,
+        data: dict[str, Any] | None = None,
+        fact: Fact | None = None,
+    ) -> MemoryEvent:
+        """Something happened in the game (a gift, a tool call): archived, and `fact`, when
+        given, merged into the salient facts."""
+        pair = (npc_id, player_id)
+        now = self.clock.now()
+        event = MemoryEvent.new(
+            "event", npc_id, player_id, now, text, session_id=session_id, data=data
+        )
+        self.hot.entry(pair)
+        self.archiver.submit(event)
+        if fact is not None:
+            self._merge_facts(pair, [fact], session_id)
+        return event
+
+    def set_card(
+        self,
+        npc_id: str,
+        player_id: str,
+        card: RelationshipCard | QuestCard | dict[str, Any],
+        *,
+        name: str | None = None,
+    ) -> RelationshipCard | QuestCard:
+        """Replace a memory card (validated and fitted to 2 KB first).
+
+        Raises:
+            CardError: the card is malformed or cannot be fitted.
+        """
+        if isinstance(card, dict):
+            card = parse_card(name or "relationship", card)
+        else:
+            card = fit_card(card)  # type: ignore[assignment]
+        card = card.model_copy(update={"updated_at": self.clock.now()})
+        pair = (npc_id, player_id)
+        entry = self.hot.entry(pair)
+        if isinstance(card, RelationshipCard):
+            entry.relationship = card
+        else:
+            entry.quest = card
+        self.hot.changed(pair)
+        self._to_warm(lambda: self.warm.put_card(pair, card))
+        kind = "relationship" if isinstance(card, RelationshipCard) else "quest"
+        self.archiver.submit(
+            MemoryEvent.new(
+                "card",
+                npc_id,
+                player_id,
+                card.updated_at,
+                data={"name": kind, "card": card.model_dump()},
+            )
+        )
+        return card
+
+    def _merge_facts(self, pair: Pair, new: list[Fact], session_id: str | None) -> None:
+        entry = self.hot.entry(pair)
+        now = self.clock.now()
+        entry.facts = merge_facts(
+            entry.facts,
+            new,
+            now=now,
+            max_facts=self.settings.max_facts,
+            half_life_days=self.settings.fact_half_life_days,
+        )
+        self.hot.changed(pair)
+        facts = list(entry.facts)
+        self._to_warm(lambda: self.warm.put_facts(pair, facts))
+        self.archiver.submit(
+            MemoryEvent.new(
+                "fact",
+                *pair,
+                now,
+                session_id=session_id,
+                data={"name": "facts", "facts": [f.to_dict() for f in facts]},
+            )
+        )
+
+    def _to_warm(self, op: Callable[[], Awaitable[None]]) -> None:
+        if len(self._warm_ops) >= _MAX_WARM_BACKLOG:
+            self._warm_ops.popleft()  # the archive still has it
+            self.stats.warm_dropped += 1
+        self._warm_ops.append(op)
+        self._warm_idle.clear()
+        self._warm_wake.set()
+
+    async def _warm_writer(self) -> None:
+        """Apply warm writes one at a time, in order; a failed one is logged (the archive has
+        it) and the next one goes on."""
+        while True:
+            await self._warm_wake.wait()
+            self._warm_wake.clear()
+            while self._warm_ops:
+                op = self._warm_ops.popleft()
+                try:
+                    await op()
+                except MemoryStoreError as exc:
+                    self.stats.warm_errors += 1
+                    log.warning("warm memory write failed: %s", exc)
+            self._warm_idle.set()
+
+    async def _sweeper(self) -> None:
+        while True:
+            await asyncio.sleep(min(60.0, self.settings.hot_ttl_s / 4))
+            self.hot.sweep()
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def prefetch(self, npc_id: str, player_id: str) -> HotEntry:
+        """Move what warm holds of `npc_id`x`player_id` into hot, before a conversation's first
+        reply. Waits at most `prefetch_timeout_s`; on timeout or a warm failure, hot is used as
+        it is (and the load still lands when it completes)."""
+        pair = (npc_id, player_id)
+        entry = self.hot.entry(pair)
+        if entry.prefetched:
+            return entry
+        start = time.perf_counter()
+        load = asyncio.ensure_future(self.warm.load(pair))
+        try:
+            async with asyncio.timeout(self.settings.prefetch_timeout_s):
+                recall = await asyncio.shield(load)
+        except TimeoutError:
+            self.stats.prefetch_timeouts += 1
+            log.warning("memory prefetch of %sx%s timed out; going on from hot", *pair)
+            load.add_done_callback(lambda done: self._loaded(pair, done))
+            return entry
+        except MemoryStoreError as exc:
+            log.warning("memory prefetch of %sx%s failed: %s", *pair, exc)
+            return entry
+        self.stats.prefetches += 1
+        self.stats.prefetch_seconds.append(time.perf_counter() - start)
+        entry = self.hot.load(pair, recall)
+        entry.prefetched = True
+        return entry
+
+    def _loaded(self, pair: Pair, done: asyncio.Future[Any]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self.hot.load(pair, done.result()).prefetched = True
+
+    def recall(self, npc_id: str, player_id: str) -> HotEntry | None:
+        """What hot holds of `npc_id`x`player_id` (None when nothing)."""
+        return self.hot.get((npc_id, player_id))
+
+    def context(
+        self,
+        npc_id: str,
+        player_id: str,
+        *,
+        session_id: str | None = None,
+        max_chars: int | None = None,
+    ) -> str | None:
+        """The `## Recent Memory` section for a prompt, from hot only: the relationship and
+        quest cards, salient facts, recent session summaries, and the last turns of earlier
+        conversations (not `session_id`'s own, which the prompt's history has). Cut to
+        `max_chars` by dropping the oldest summaries, then the least salient facts."""
+        entry = self.hot.get((npc_id, player_id))
+        if entry is None:
+            return None
+        limit = self.settings.context_chars if max_chars is None else max_chars
+        return render_context(
+            entry,
+            now=self.clock.now(),
+            session_id=session_id,
+            max_chars=limit,
+            half_life_days=self.settings.fact_half_life_days,
+        )
+
+    # -- summaries ----------------------------------------------------------------------------
+
+    def summarize(self, npc_id: str, player_id: str, session_id: str | None) -> None:
+        """Queue a summary of the turns not yet summarized (a session ended, or the history
+        outgrew the hot budget). It runs in the background at idle priority."""
+        pair = (npc_id, player_id)
+        entry = self.hot.get(pair)
+        if entry is None or not entry.pending or pair in self._summarizing:
+            return
+        self._summarizing.add(pair)
+        self._summary_queue.append((pair, session_id))
+        self._summary_idle.clear()
+        self._summary_wake.set()
+
+    async def _summary_worker(self) -> None:
+        while True:
+            await self._summary_wake.wait()
+            self._summary_wake.clear()
+            while self._summary_queue:
+                pair, session_id = self._summary_queue.popleft()
+                try:
+                    await self._summarize(pair, session_id)
+                except MemoryStoreError as exc:
+                    log.warning("summary of %sx%s failed: %s", *pair, exc)
+                finally:
+                    self._summarizing.discard(pair)
+            self._summary_idle.set()
+
+    async def _summarize(self, pair: Pair, session_id: str | None) -> None:
+        entry = self.hot.get(pair)
+        if entry is None or not entry.pending:
+            return
+        turns = list(entry.pending)
+        info = self.npcs.get(pair[0], NPCInfo(pair[0], "a character in a game"))
+        done = await digest(
+            self.writer if self.settings.summaries else None,
+            turns,
+            npc_name=info.name,
+            npc_about=info.about,
+            now=self.clock.now(),
+            max_tokens=self.settings.summary_max_tokens,
+        )
+        now = self.clock.now()
+        entry = self.hot.entry(pair)
+        taken = {t.event_id for t in turns}
+        entry.pending = [t for t in entry.pending if t.event_id not in taken]
+        summary = Summary(done.summary, now, session_id)
+        entry.summaries = [*entry.summaries, summary][-6:]
+        emotion = Emotion(now, done.valence, done.arousal)
+        entry.emotions = [*entry.emotions, emotion][-32:]
+        self.hot.changed(pair)
+        self._to_warm(lambda: self.warm.add_summary(pair, summary))
+        self._to_warm(lambda: self.warm.add_emotion(pair, emotion))
+        self.archiver.submit(
+            MemoryEvent.new(
+                "summary",
+                *pair,
+                now,
+                done.summary,
+                session_id=session_id,
+                data={"turns": len(turns), "by_model": done.by_model},
+            )
+        )
+        self.archiver.submit(
+            MemoryEvent.new(
+                "emotion",
+                *pair,
+                now,
+                session_id=session_id,
+                data={"name": "emotion", "valence": done.valence, "arousal": done.arousal},
+            )
+        )
+        if done.facts:
+            self._merge_facts(pair, done.facts, session_id)
+        if done.by_model:
+            self._update_relationship(pair, entry, done.valence, done.facts)
+        self.stats.summaries += 1
+        self.stats.summaries_by_model += done.by_model
+
+    def _update_relationship(
+        self, pair: Pair, entry: HotEntry, valence: float, facts: list[Fact]
+    ) -> None:
+        card = entry.relationship.model_copy(deep=True)
+        card.affinity = round(max(-1.0, min(1.0, 0.8 * card.affinity + 0.2 * valence)), 3)
+        for fact in facts:
+            target = {"promise": card.promises, "betrayal": card.betrayals}.get(fact.kind)
+            if target is not None and not any(same_fact(fact.text, t) for t in target):
+                target.append(fact.text[:200])
+            if fact.kind == "betrayal":
+                card.trust = round(max(-1.0, card.trust - 0.2), 3)
+            elif fact.kind in ("rescue", "gift"):
+                card.trust = round(min(1.0, card.trust + 0.1), 3)
+        self.set_card(*pair, card)
+
+    # -- inspection and deletion --------------------------------------------------------------
+
+    async def show(self, player_id: str, *, limit: int = 200) -> dict[str, Any]:
+        """Everything stored about `player_id`, per tier."""
+        hot = {
+            npc: _entry_dict(entry)
+            for (npc, player) in self.hot.pairs()
+            if player == player_id and (entry := self.hot.get((npc, player))) is not None
+        }
+        warm: dict[str, Any] = {}
+        for pair in await self.warm.pairs_of(player_id):
+            recall = await self.warm.load(pair)
+            warm[pair[0]] = {
+                "turns": [t.to_dict() for t in recall.turns],
+                "summaries": [{"text": s.text, "ts": s.ts} for s in recall.summaries],
+                "facts": [f.to_dict() for f in recall.facts],
+                "emotions": [
+                    {"ts": e.ts, "valence": e.valence, "arousal": e.arousal}
+                    for e in recall.emotions
+                ],
+                "relationship": recall.relationship.model_dump() if recall.relationship else None,
+                "quest": recall.quest.model_dump() if recall.quest else None,
+            }
+        await self.archiver.flush()
+        events = await self.cold.history(HistoryQuery(player_id=player_id, limit=limit))
+        return {
+            "player_id": player_id,
+            "hot": hot,
+            "warm": warm,
+            "cold": {
+                "events": await self.cold.count(player_id),
+                "recent": [e.to_dict() for e in events[-limit:]],
+            },
+        }
+
+    async def forget(self, player_id: str) -> dict[str, int]:
+        """Delete everything about `player_id` in every tier (and in the spool: it is flushed
+        first); the counts deleted per tier."""
+        hot = self.hot.forget(player_id)
+        self._summary_queue = deque(q for q in self._summary_queue if q[0][1] != player_id)
+        await self._warm_idle.wait()
+        pairs = await self.warm.pairs_of(player_id)
+        for pair in pairs:
+            await self.warm.drop(pair)
+        await self.archiver.flush()
+        cold = await self.cold.forget(player_id)
+        return {"hot": hot, "warm": len(pairs), "cold": cold}
+
+    async def compact(self, *, older_than_days: float = 30.0) -> int:
+        """Drop superseded card, fact and emotion snapshots older than the cutoff from the
+        archive (turns, events and summaries stay forever)."""
+        await self.archiver.flush()
+        return await self.cold.compact(self.clock.now() - older_than_days * DAY_S)
+
+
+def _entry_dict(entry: HotEntry) -> dict[str, Any]:
+    return {
+        "turns": [t.to_dict() for t in entry.turns],
+        "summaries": [{"text": s.text, "ts": s.ts} for s in entry.summaries],
+        "facts": [f.to_dict() for f in entry.facts],
+        "relationship": entry.relationship.model_dump(),
+        "quest": entry.quest.model_dump(),
+        "last_touch": entry.last_touch,
+    }
+
+
+def open_warm(settings: MemorySettings, clock: Clock) -> WarmStore:
+    """Redis with the embedded store behind it when `warm_url` is set; else the embedded one."""
+    window = settings.warm_days * DAY_S
+    embedded = SqliteWarm(
+        settings.data_dir / "warm.sqlite3",
+        clock=clock,
+        window_s=window,
+        max_turns=settings.hot_turns,
+    )
+    url = settings.warm_url
+    if url is None:
+        return embedded
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise MemoryStoreError(f"memory.warm_url {url!r}: expected redis://host:port/db")
+    redis = RedisWarm(
+        url,
+        clock=clock,
+        window_s=window,
+        max_turns=settings.hot_turns,
+        prefix=settings.warm_prefix,
+    )
+    return FallbackWarm(redis, embedded)
+
+
+def _ago(seconds: float) -> str:
+    days = int(seconds // DAY_S)
+    if days <= 0:
+        return "today"
+    return "yesterday" if days == 1 else f"{days} days ago"
+
+
+def render_context(
+    entry: HotEntry,
+    *,
+    now: float,
+    session_id: str | None,
+    max_chars: int,
+    half_life_days: float,
+) -> str | None:
+    """The `## Recent Memory` text of a hot entry, at most `max_chars` long."""
+    rel, quest = entry.relationship, entry.quest
+    head: list[str] = []
+    if rel.updated_at or rel.promises or rel.betrayals:
+        standing = f"trust {rel.trust:+.1f}, affinity {rel.affinity:+.1f}"
+        head.append(f"How you stand with the player: {standing}.")
+        if rel.promises:
+            head.append("Promises: " + "; ".join(rel.promises[-3:]) + ".")
+        if rel.betrayals:
+            head.append("Betrayals: " + "; ".join(rel.betrayals[-3:]) + ".")
+    if quest.active:
+        head.append(
+            "The player's quests: "
+            + "; ".join(f"{q.title}" + (f" ({q.stage})" if q.stage else "") for q in quest.active)
+            + "."
+        )
+    facts = [
+        f"- {f.text}"
+        for f in sorted(entry.facts, key=lambda f: f.score(now, half_life_days), reverse=True)
+    ]
+    summaries = [f"- {_ago(now - s.ts)}: {s.text}" for s in entry.summaries]
+    earlier = [t for t in entry.turns if t.session_id != session_id][-4:]
+    last = [
+        f"- {'The player' if t.role == 'player' else 'You'}: {' '.join(t.text.split())[:200]}"
+        for t in earlier
+    ]
+    if not (head or facts or summaries or last):
+        return None
+
+    def build() -> str:
+        parts = ["## Recent Memory", *head]
+        if facts:
+            parts += ["What you remember about the player:", *facts]
+        if summaries:
+            parts += ["Your earlier conversations:", *summaries]
+        if last:
+            parts += ["Last words of your previous conversation:", *last]
+        return "\n".join(parts)
+
+    text = build()
+    while len(text) > max_chars and (summaries or facts or last):
+        if len(summaries) > 1 or (summaries and not facts):
+            summaries.pop(0)
+        elif last:
+            last.pop(0)
+        elif facts:
+            facts.pop()
+        text = build()
+    if len(text) > max_chars:
+        text = text[:max_chars].rsplit("\n", 1)[0]
+    return text if text.strip() != "## Recent Memory" else None
