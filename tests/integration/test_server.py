@@ -27,6 +27,7 @@ from mythic.contracts import (
 )
 from mythic.engine import Engine
 from mythic.knowledge import load_world
+from mythic.memory import Memory
 from mythic.server import Gateway, serving
 from tests.conftest import EXAMPLE_WORLD
 
@@ -54,14 +55,16 @@ async def running(
     *,
     on_phrase: Callable[[str, str, str], None] | None = None,
     world: Path = EXAMPLE_WORLD,
+    memory: Memory | None = None,
     **sections: dict[str, Any],
 ) -> AsyncIterator[tuple[str, Gateway]]:
-    """A real uvicorn serving the example world on a free loopback port."""
+    """A real uvicorn serving the example world on a free loopback port (with `memory`, the
+    NPCs remember players; the server starts and closes it)."""
     updates = {
         name: getattr(settings, name).model_copy(update=values) for name, values in sections.items()
     }
     effective = settings.model_copy(update=updates)
-    gateway = Gateway(effective, load_world(world), *engines, on_phrase=on_phrase)
+    gateway = Gateway(effective, load_world(world), *engines, on_phrase=on_phrase, memory=memory)
     async with serving(gateway) as (host, port):
         yield f"{host}:{port}", gateway
 

@@ -158,6 +158,17 @@ class NPCActor:
         """The session whose turn is running, if any."""
         return self._turn.line.session_id if self._turn else None
 
+    def remembered(self) -> dict[str, dict[str, str | None]]:
+        """Per session with a player: who, and the `## Recent Memory` section its prompts
+        carry (None when the NPC remembered nothing of them)."""
+        return {
+            session: {
+                "player_id": player,
+                "section": (told.content if (told := self._memory_told.get(session)) else None),
+            }
+            for session, player in self._players.items()
+        }
+
     def deliver(self, event: Event) -> None:
         """Put an event in the mailbox, in its lane.
 

@@ -323,11 +323,11 @@ class Memory:
                 recall = await asyncio.shield(load)
         except TimeoutError:
             self.stats.prefetch_timeouts += 1
-            log.warning("memory prefetch of %sx%s timed out; going on from hot", *pair)
+            log.warning("memory prefetch of %s x %s timed out; going on from hot", *pair)
             load.add_done_callback(lambda done: self._loaded(pair, done))
             return entry
         except MemoryStoreError as exc:
-            log.warning("memory prefetch of %sx%s failed: %s", *pair, exc)
+            log.warning("memory prefetch of %s x %s failed: %s", *pair, exc)
             return entry
         self.stats.prefetches += 1
         self.stats.prefetch_seconds.append(time.perf_counter() - start)
@@ -390,7 +390,9 @@ class Memory:
                 try:
                     await self._summarize(pair, session_id)
                 except MemoryStoreError as exc:
-                    log.warning("summary of %sx%s failed: %s", *pair, exc)
+                    log.warning("summary of %s x %s failed: %s", *pair, exc)
+                except Exception:  # top-level handler of the summary task: the next one goes on
+                    log.exception("summary of %s x %s crashed", *pair)
                 finally:
                     self._summarizing.discard(pair)
             self._summary_idle.set()

@@ -329,13 +329,14 @@ _STOP = frozenset(
 )
 
 
-def _words(text: str) -> frozenset[str]:
+def content_words(text: str) -> frozenset[str]:
+    """The words of `text` that carry meaning (lowercase, no stop words)."""
     return frozenset(w for w in re.findall(r"[a-z0-9']+", text.lower()) if w not in _STOP)
 
 
 def same_fact(a: str, b: str) -> bool:
     """Two texts say the same thing: most content words shared (or one contains the other)."""
-    wa, wb = _words(a), _words(b)
+    wa, wb = content_words(a), content_words(b)
     if not wa or not wb:
         return a.strip().lower() == b.strip().lower()
     shared = len(wa & wb)

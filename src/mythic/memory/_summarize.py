@@ -16,6 +16,7 @@ from mythic.memory._model import (
     SUMMARY_MIN_CHARS,
     Fact,
     MemoryEvent,
+    content_words,
 )
 
 log = logging.getLogger(__name__)
@@ -102,37 +103,45 @@ async def digest(
         )
         try:
             text = await writer(system, transcript(turns, npc_name), DIGEST_SCHEMA, max_tokens)
-            return _parse(text, turns, now)
+            return _parse(text, turns, now, npc_name)
         except (MythicError, ValueError, KeyError, TypeError) as exc:
             log.warning("summary by the model failed (%s); summarizing from the turns", exc)
-    return Digest(fit_summary("", turns), by_model=False)
+    return Digest(fit_summary("", turns, npc_name), by_model=False)
 
 
-def _parse(text: str, turns: list[MemoryEvent], now: float) -> Digest:
+def _parse(text: str, turns: list[MemoryEvent], now: float, npc_name: str) -> Digest:
     data = json.loads(text)
     facts = []
     for raw in data.get("facts") or []:
         fact = Fact.from_dict({**raw, "ts": now})
         facts.append(fact)
     return Digest(
-        summary=fit_summary(str(data["summary"]), turns),
+        summary=fit_summary(str(data["summary"]), turns, npc_name),
         facts=facts,
         valence=max(-5, min(5, int(data.get("valence", 0)))) / 5,
         arousal=max(0, min(9, int(data.get("arousal", 0)))) / 9,
     )
 
 
-def fit_summary(summary: str, turns: list[MemoryEvent]) -> str:
+def fit_summary(summary: str, turns: list[MemoryEvent], npc_name: str = "The NPC") -> str:
     """Fit a summary to 300-600 characters: clip at the last sentence end before 600 (else a
-    word), and complete a short one with the player's own words, newest first."""
+    word), and complete a short one with the session's own lines: the player's before the
+    NPC's, those the summary covers least first (a session too short to fill 300 characters
+    stays shorter)."""
     text = " ".join(summary.split())
     if len(text) < SUMMARY_MIN_CHARS:
-        said = [t.text for t in reversed(turns) if t.role == "player"]
-        for line in said:
+        covered = content_words(text)
+
+        def novelty(turn: MemoryEvent) -> tuple[bool, float]:
+            words = content_words(turn.text)
+            return (turn.role != "player", len(words & covered) / max(1, len(words)))
+
+        for turn in sorted((t for t in turns if t.role in ("player", "npc")), key=novelty):
             if len(text) >= SUMMARY_MIN_CHARS:
                 break
-            quote = " ".join(line.split())[:200]
-            text = f'{text} The player said: "{quote}"'.strip()
+            quote = " ".join(turn.text.split())[:200]
+            who = "The player" if turn.role == "player" else npc_name
+            text = f'{text} {who} said: "{quote}"'.strip()
         if not text:
             text = "They met, but nothing was said."
     if len(text) > SUMMARY_MAX_CHARS:

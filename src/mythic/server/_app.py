@@ -200,7 +200,7 @@ class Gateway:
                     done.set_result(message.finish_reason or "stop")
 
         session.listeners.append(listen)
-        session.detached_at = time.monotonic()
+        session.detached_at = None  # not reaped while a line is in flight, however long
         try:
             line = PlayerUtterance(
                 npc_id=npc_id, session_id=session.id, turn_id=turn_id, text=body.text
@@ -246,6 +246,7 @@ class Gateway:
                     "time": actor.scene.time,
                     "objects": [o.model_dump() for o in actor.scene.objects],
                 },
+                "memory": actor.remembered(),
                 "last_intent": actor.last_intent.model_dump() if actor.last_intent else None,
                 "last_turn": (
                     {

@@ -1,0 +1,118 @@
+"""NPCs that remember: the server with memory on the real Redis and PostgreSQL and the real
+embedded model (SmolLM2 talks and summarizes, Qwen 0.5B decides)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from mythic.config import MythicSettings
+from mythic.engine import Engine
+from mythic.memory import SUMMARY_MAX_CHARS, SUMMARY_MIN_CHARS, FallbackWarm, Memory
+from tests.integration.services import REDIS_URL, cutoff, postgres_dsn, redis_prefix
+from tests.integration.test_memory import memory_settings, until
+from tests.integration.test_server import engines, running
+
+pytestmark = pytest.mark.integration
+__all__ = ["engines", "postgres_dsn", "redis_prefix"]  # fixtures
+
+CHAT = {"max_tokens": 32, "temperature": 0.0}
+
+
+async def say(address: str, npc: str, text: str, **fields: Any) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http:
+        response = await http.post(f"/v1/npcs/{npc}/say", json={"text": text, **fields})
+        response.raise_for_status()
+        body: dict[str, Any] = response.json()
+        return body
+
+
+async def get(address: str, path: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=f"http://{address}", timeout=60) as http:
+        response = await http.get(path)
+        response.raise_for_status()
+        body: dict[str, Any] = response.json()
+        return body
+
+
+async def test_an_npc_remembers_a_player_across_a_server_restart(
+    qwen: Engine,
+    settings: MythicSettings,
+    tmp_path: Path,
+    redis_prefix: str,
+    postgres_dsn: str,
+) -> None:
+    memory_config = memory_settings(
+        tmp_path, redis_prefix, postgres_dsn, summaries=True, summary_max_tokens=320
+    )
+    # Qwen 0.5B talks and summarizes here: SmolLM2's summaries lose the facts.
+    engines = (qwen, qwen)
+    first = Memory(memory_config)
+    server = {"resume_ttl_s": 0.5}  # an idle HTTP conversation ends after half a second
+    async with running(engines, settings, memory=first, chat=CHAT, server=server) as (address, _):
+        for line in (
+            "My name is Bram. I brought you a silver ring from the capital.",
+            "I also promised to fix the leaking roof of your inn before winter.",
+            "Tell me, how much is a room for the night?",
+        ):
+            reply = await say(address, "marla", line, player_id="bram-1", session_id="c1")
+            assert reply["text"] and reply["finish_reason"] in ("stop", "length")
+        # When the conversation ends, its summary is written at idle priority.
+        await until(lambda: first.stats.summaries == 1, timeout_s=120)
+        await first.settle()
+        entry = first.recall("marla", "bram-1")
+        assert entry is not None and len(entry.summaries) == 1
+        assert SUMMARY_MIN_CHARS <= len(entry.summaries[0].text) <= SUMMARY_MAX_CHARS
+        assert first.stats.summaries_by_model == 1
+        archived = (await get(address, "/v1/memory/bram-1"))["cold"]["events"]
+        assert archived >= 8  # six turns, the summary, the emotion
+
+    second = Memory(memory_config)  # a new server process: hot starts empty
+    async with running(engines, settings, memory=second, chat=CHAT) as (address, _):
+        assert second.recall("marla", "bram-1") is None
+        await say(address, "marla", "Do you remember me?", player_id="bram-1", session_id="c2")
+        npc = await get(address, "/v1/npcs/marla")
+        section = npc["memory"]["http.c2"]["section"]
+        assert npc["memory"]["http.c2"]["player_id"] == "bram-1"
+        assert section.startswith("## Recent Memory") and "silver ring" in section
+        shown = await get(address, "/v1/memory/bram-1")
+        assert set(shown["hot"]) == {"marla"} and set(shown["warm"]) == {"marla"}
+        assert shown["cold"]["events"] >= archived + 2
+        # Another player is a stranger to her.
+        await say(address, "marla", "Hello.", player_id="someone-else", session_id="c3")
+        npc = await get(address, "/v1/npcs/marla")
+        assert npc["memory"]["http.c3"]["section"] is None
+
+
+async def test_redis_cut_off_mid_conversation_does_not_stall_turns(
+    engines: tuple[Engine, Engine],
+    settings: MythicSettings,
+    tmp_path: Path,
+    redis_prefix: str,
+    postgres_dsn: str,
+) -> None:
+    async with cutoff(REDIS_URL) as proxy:
+        memory = Memory(
+            memory_settings(tmp_path, redis_prefix, postgres_dsn, warm_url=proxy.url(REDIS_URL))
+        )
+        assert isinstance(memory.warm, FallbackWarm)
+        memory.warm.probe_s = 0.1
+        async with running(engines, settings, memory=memory, chat=CHAT) as (address, _):
+            await say(address, "bran", "Hello there.", player_id="p-r", session_id="r1")
+            await proxy.cut()
+            for line in ("What do you sell?", "Any news from the road?"):
+                reply = await say(address, "bran", line, player_id="p-r", session_id="r1")
+                assert reply["finish_reason"] in ("stop", "length") and reply["text"]
+            # A conversation that starts during the outage prefetches from the fallback.
+            reply = await say(address, "marla", "Evening.", player_id="p-r", session_id="r2")
+            assert reply["finish_reason"] in ("stop", "length")
+            await memory.settle()
+            assert not memory.warm.up
+            await proxy.restore()
+            await until(lambda: memory.warm.up)
+            recall = await memory.warm.primary.load(("bran", "p-r"))
+            said = [t.text for t in recall.turns if t.role == "player"]
+            assert said == ["Hello there.", "What do you sell?", "Any news from the road?"]
