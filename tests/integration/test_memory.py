@@ -137,7 +137,8 @@ async def test_postgres_cut_off_mid_conversation_loses_no_event(
         texts = [
             r[0]
             for r in await db.fetch(
-                "SELECT text FROM memory_events WHERE player_id = 'p8' AND kind = 'turn' ORDER BY seq"
+                "SELECT text FROM memory_events WHERE player_id = 'p8' AND kind = 'turn' "
+                "ORDER BY seq"
             )
         ]
     finally:

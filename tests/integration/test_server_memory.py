@@ -111,6 +111,10 @@ async def test_redis_cut_off_mid_conversation_does_not_stall_turns(
             assert reply["finish_reason"] in ("stop", "length")
             await memory.settle()
             assert not memory.warm.up
+            async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+                metrics = (await http.get("/metrics")).text
+            assert "mythic_memory_warm_up 0.0" in metrics
+            assert "mythic_memory_hot_entries 2.0" in metrics
             await proxy.restore()
             await until(lambda: memory.warm.up)
             recall = await memory.warm.primary.load(("bran", "p-r"))

@@ -85,6 +85,8 @@ class _GatewayCollector(Collector):
             for q in (0.5, 0.95, 0.99):
                 quantiles.add_metric([str(q)], _quantile(ttft, q))
             yield quantiles
+        if g.memory is not None:
+            yield from _memory_metrics(g)
         engines = {"dialogue": g.engine}
         if g.intent_engine is not g.engine:
             engines["intent"] = g.intent_engine
@@ -107,6 +109,52 @@ class _GatewayCollector(Collector):
                 gauge = GaugeMetricFamily(name, doc, labels=["engine"])
                 gauge.add_metric([role], value)
                 yield gauge
+
+
+def _memory_metrics(g: Gateway) -> Iterator[Metric]:
+    memory = g.memory
+    assert memory is not None
+    archive, stats = memory.archiver.stats, memory.stats
+    yield GaugeMetricFamily(
+        "mythic_memory_hot_entries", "NPCxplayer entries in hot memory", value=len(memory.hot)
+    )
+    yield GaugeMetricFamily(
+        "mythic_memory_hot_bytes", "hot memory size (estimate)", value=memory.hot.bytes
+    )
+    warm_up = getattr(memory.warm, "up", True)
+    yield GaugeMetricFamily(
+        "mythic_memory_warm_up",
+        "1 while Redis answers (0: on the embedded fallback)",
+        value=int(warm_up),
+    )
+    yield GaugeMetricFamily(
+        "mythic_memory_archive_down",
+        "1 while the archive is spooling",
+        value=int(memory.archiver.down),
+    )
+    yield GaugeMetricFamily(
+        "mythic_memory_archive_pending",
+        "events queued for the archive",
+        value=memory.archiver.pending,
+    )
+    for name, doc, value in (
+        ("mythic_memory_archived", "events written to the archive in batches", archive.written),
+        ("mythic_memory_spooled", "events spooled while the archive was down", archive.spooled),
+        ("mythic_memory_replayed", "spooled events replayed into the archive", archive.replayed),
+        ("mythic_memory_summaries", "session summaries written", stats.summaries),
+        ("mythic_memory_prefetch_timeouts", "prefetches that gave up", stats.prefetch_timeouts),
+    ):
+        yield CounterMetricFamily(name, doc, value=value)
+    seconds = list(stats.prefetch_seconds)
+    if seconds:
+        family = GaugeMetricFamily(
+            "mythic_memory_prefetch_seconds",
+            "warm to hot at conversation start",
+            labels=["quantile"],
+        )
+        for q in (0.5, 0.95, 0.99):
+            family.add_metric([str(q)], _quantile(seconds, q))
+        yield family
 
 
 def render_metrics(gateway: Gateway) -> tuple[str, str]:
