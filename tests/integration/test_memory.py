@@ -193,3 +193,32 @@ async def test_migrations_run_once_and_a_missing_schema_is_a_clear_error(
     finally:
         await memory.aclose()
     assert DAY_S == 86_400
+
+
+async def test_corrupt_redis_values_are_reported_and_skipped(
+    tmp_path: Path, redis_prefix: str, postgres_dsn: str
+) -> None:
+    from redis.asyncio import Redis
+
+    settings = memory_settings(tmp_path, redis_prefix, postgres_dsn)
+    async with Memory(settings) as memory:
+        memory.record_turn("marla", "p11", "s1", "player", "A good line")
+        await memory.settle()
+    client = Redis.from_url(REDIS_URL)
+    try:
+        base = f"{redis_prefix}:m:marla|p11"
+        await client.rpush(f"{base}:turns", b"\xff\xfe not json", b'{"event_id": 1}')
+        await client.set(f"{base}:facts", b"[{]")
+        await client.set(f"{base}:card:relationship", b'{"trust": 7}')
+        await client.zadd(f"{base}:summaries", {b"garbage": 1e12})
+    finally:
+        await client.aclose()
+    async with Memory(settings) as memory:
+        entry = await memory.prefetch("marla", "p11")
+        assert [t.text for t in entry.turns] == ["A good line"]
+        warm = memory.warm
+        assert isinstance(warm, FallbackWarm) and isinstance(warm.primary, RedisWarm)
+        assert warm.up and warm.primary.parser.corrupt == 5
+        memory.record_turn("marla", "p11", "s2", "player", "Still talking")
+        await memory.settle()
+        assert memory.context("marla", "p11", session_id="s3") is not None

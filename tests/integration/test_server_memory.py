@@ -81,6 +81,16 @@ async def test_an_npc_remembers_a_player_across_a_server_restart(
         shown = await get(address, "/v1/memory/bram-1")
         assert set(shown["hot"]) == {"marla"} and set(shown["warm"]) == {"marla"}
         assert shown["cold"]["events"] >= archived + 2
+        # Cards from the game: malformed ones are refused, oversized ones trimmed to 2 KB.
+        async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+            url = "/v1/npcs/marla/memory/bram-1/cards/relationship"
+            bad = await http.put(url, json={"trust": "very"})
+            assert bad.status_code == 422 and "trust" in bad.text
+            big = await http.put(url, json={"trust": 0.5, "promises": ["p" * 190] * 30})
+            assert big.status_code == 200 and 0 < len(big.json()["promises"]) < 30
+            assert (
+                await http.put(url.replace("relationship", "diary"), json={})
+            ).status_code == 422
         # Another player is a stranger to her.
         await say(address, "marla", "Hello.", player_id="someone-else", session_id="c3")
         npc = await get(address, "/v1/npcs/marla")
