@@ -222,3 +222,19 @@ async def test_corrupt_redis_values_are_reported_and_skipped(
         memory.record_turn("marla", "p11", "s2", "player", "Still talking")
         await memory.settle()
         assert memory.context("marla", "p11", session_id="s3") is not None
+
+
+async def test_compaction_on_postgres_keeps_history_and_the_newest_snapshots(
+    tmp_path: Path, redis_prefix: str, postgres_dsn: str
+) -> None:
+    clock = ManualClock()
+    async with Memory(memory_settings(tmp_path, redis_prefix, postgres_dsn), clock=clock) as memory:
+        memory.record_turn("marla", "p12", "s1", "player", "Hello")
+        for trust in (0.1, 0.2, 0.3):
+            memory.set_card("marla", "p12", {"trust": trust})
+            clock.advance(days=1)
+        await memory.settle()
+        clock.advance(days=40)
+        assert await memory.compact(older_than_days=30) == 2
+        assert await rows(postgres_dsn, "p12", "card") == (1, 1)
+        assert await rows(postgres_dsn, "p12", "turn") == (1, 1)

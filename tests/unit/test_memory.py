@@ -327,3 +327,27 @@ async def test_forget_removes_a_player_from_every_tier(tmp_path: Path) -> None:
         shown = await memory.show("p1")
         assert shown["hot"] == {} and shown["warm"] == {} and shown["cold"]["events"] == 0
         assert (await memory.show("p2"))["cold"]["events"] == 2
+
+
+async def test_compaction_drops_only_superseded_snapshots(tmp_path: Path) -> None:
+    clock = ManualClock(1_000 * DAY_S)
+    async with Memory(_settings(tmp_path), clock=clock) as memory:
+        memory.record_turn("marla", "p1", "s1", "player", "Hello")
+        for trust in (0.1, 0.2, 0.3):
+            memory.set_card("marla", "p1", {"trust": trust})
+            memory.set_card(
+                "marla", "p1", {"active": [{"id": "q1", "title": "Rats"}]}, name="quest"
+            )
+            clock.advance(days=1)
+        await memory.settle()
+        clock.advance(days=40)
+        removed = await memory.compact(older_than_days=30)
+        assert removed == 4  # two older versions of each card; the newest of each stays
+        events = await memory.cold.history(HistoryQuery(player_id="p1"))
+        cards = [e.data for e in events if e.kind == "card" and e.data]
+        assert [(c["name"], c["card"].get("trust")) for c in cards] == [
+            ("relationship", 0.3),
+            ("quest", None),
+        ]
+        assert [e.text for e in events if e.kind == "turn"] == ["Hello"]
+        assert await memory.compact(older_than_days=30) == 0
