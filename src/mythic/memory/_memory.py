@@ -40,6 +40,7 @@ from mythic.memory._warm import FallbackWarm, RedisWarm, SqliteWarm, WarmStore
 log = logging.getLogger(__name__)
 
 _MAX_WARM_BACKLOG = 100_000
+_WARM_PAIRS_AT_ONCE = 32
 
 
 @dataclass(slots=True)
@@ -96,7 +97,7 @@ class Memory:
         self.writer: Writer | None = None
         """Set by the dialogue layer: generates summaries at idle priority."""
         self.npcs: dict[str, NPCInfo] = {}
-        self._warm_ops: deque[Callable[[], Awaitable[None]]] = deque()
+        self._warm_ops: deque[tuple[Pair, Callable[[], Awaitable[None]]]] = deque()
         self._warm_wake = asyncio.Event()
         self._warm_idle = asyncio.Event()
         self._warm_idle.set()
@@ -188,7 +189,7 @@ class Memory:
             "turn", npc_id, player_id, self.clock.now(), text, session_id=session_id, role=role
         )
         entry = self.hot.add_turn(pair, event)
-        self._to_warm(lambda: self.warm.append_turn(pair, event))
+        self._to_warm(pair, lambda: self.warm.append_turn(pair, event))
         self.archiver.submit(event)
         if len(entry.pending) >= self.settings.hot_turns:
             self.summarize(npc_id, player_id, session_id)
@@ -242,7 +243,7 @@ class Memory:
         else:
             entry.quest = card
         self.hot.changed(pair)
-        self._to_warm(lambda: self.warm.put_card(pair, card))
+        self._to_warm(pair, lambda: self.warm.put_card(pair, card))
         kind = "relationship" if isinstance(card, RelationshipCard) else "quest"
         self.archiver.submit(
             MemoryEvent.new(
@@ -267,7 +268,7 @@ class Memory:
         )
         self.hot.changed(pair)
         facts = list(entry.facts)
-        self._to_warm(lambda: self.warm.put_facts(pair, facts))
+        self._to_warm(pair, lambda: self.warm.put_facts(pair, facts))
         self.archiver.submit(
             MemoryEvent.new(
                 "fact",
@@ -278,28 +279,41 @@ class Memory:
             )
         )
 
-    def _to_warm(self, op: Callable[[], Awaitable[None]]) -> None:
+    def _to_warm(self, pair: Pair, op: Callable[[], Awaitable[None]]) -> None:
         if len(self._warm_ops) >= _MAX_WARM_BACKLOG:
             self._warm_ops.popleft()  # the archive still has it
             self.stats.warm_dropped += 1
-        self._warm_ops.append(op)
+        self._warm_ops.append((pair, op))
         self._warm_idle.clear()
         self._warm_wake.set()
 
     async def _warm_writer(self) -> None:
-        """Apply warm writes one at a time, in order; a failed one is logged (the archive has
+        """Apply the queued warm writes: in order for each NPC x player, different pairs
+        concurrently (up to `_WARM_PAIRS_AT_ONCE`). A failed write is logged (the archive has
         it) and the next one goes on."""
         while True:
             await self._warm_wake.wait()
             self._warm_wake.clear()
             while self._warm_ops:
-                op = self._warm_ops.popleft()
-                try:
-                    await op()
-                except MemoryStoreError as exc:
-                    self.stats.warm_errors += 1
-                    log.warning("warm memory write failed: %s", exc)
+                groups: dict[Pair, list[Callable[[], Awaitable[None]]]] = {}
+                while self._warm_ops and (
+                    len(groups) < _WARM_PAIRS_AT_ONCE or self._warm_ops[0][0] in groups
+                ):
+                    pair, op = self._warm_ops.popleft()
+                    groups.setdefault(pair, []).append(op)
+                await asyncio.gather(*(self._write_in_order(ops) for ops in groups.values()))
             self._warm_idle.set()
+
+    async def _write_in_order(self, ops: list[Callable[[], Awaitable[None]]]) -> None:
+        for op in ops:
+            try:
+                await op()
+            except MemoryStoreError as exc:
+                self.stats.warm_errors += 1
+                log.warning("warm memory write failed: %s", exc)
+            except Exception:  # top-level handler of a warm write: the writer must go on
+                self.stats.warm_errors += 1
+                log.exception("warm memory write crashed")
 
     async def _sweeper(self) -> None:
         while True:
@@ -420,8 +434,8 @@ class Memory:
         emotion = Emotion(now, done.valence, done.arousal)
         entry.emotions = [*entry.emotions, emotion][-32:]
         self.hot.changed(pair)
-        self._to_warm(lambda: self.warm.add_summary(pair, summary))
-        self._to_warm(lambda: self.warm.add_emotion(pair, emotion))
+        self._to_warm(pair, lambda: self.warm.add_summary(pair, summary))
+        self._to_warm(pair, lambda: self.warm.add_emotion(pair, emotion))
         self.archiver.submit(
             MemoryEvent.new(
                 "summary",

@@ -444,6 +444,7 @@ class FallbackWarm:
         self.caught_up = 0
         self._dirty: set[Pair] = set()
         self._probe: asyncio.Task[None] | None = None
+        self._copying = asyncio.Lock()
 
     def _down(self, exc: Exception) -> None:
         if self.up:
@@ -464,8 +465,15 @@ class FallbackWarm:
                 return
             except MemoryStoreError as exc:
                 self._down(exc)
-        self._dirty.add(pair)
-        await op(self.fallback)
+        async with self._copying:  # not while a catch-up copies and drops this pair
+            if self.up:  # caught up while this write waited
+                try:
+                    await op(self.primary)
+                    return
+                except MemoryStoreError as exc:
+                    self._down(exc)
+            self._dirty.add(pair)
+            await op(self.fallback)
 
     async def append_turn(self, pair: Pair, event: MemoryEvent) -> None:
         await self._write(pair, lambda s: s.append_turn(pair, event))
@@ -511,14 +519,15 @@ class FallbackWarm:
             await asyncio.sleep(self.probe_s)
             try:
                 await self.primary.ping()
-                for pair in sorted(self._dirty):
-                    await _copy(pair, self.fallback, self.primary)
-                    await self.fallback.drop(pair)
-                    self._dirty.discard(pair)
-                    self.caught_up += 1
+                async with self._copying:
+                    for pair in sorted(self._dirty):
+                        await _copy(pair, self.fallback, self.primary)
+                        await self.fallback.drop(pair)
+                        self._dirty.discard(pair)
+                        self.caught_up += 1
+                    self.up = True
             except MemoryStoreError:
                 continue
-            self.up = True
             log.warning("warm memory: %s is back; caught up", self.primary.name)
             return
 
