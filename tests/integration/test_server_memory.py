@@ -12,8 +12,14 @@ import pytest
 from mythic.config import MythicSettings
 from mythic.engine import Engine
 from mythic.memory import SUMMARY_MAX_CHARS, SUMMARY_MIN_CHARS, FallbackWarm, Memory
-from tests.integration.services import REDIS_URL, cutoff, postgres_dsn, redis_prefix
-from tests.integration.test_memory import memory_settings, until
+from tests.integration.services import (
+    POSTGRES_DSN,
+    REDIS_URL,
+    cutoff,
+    postgres_dsn,
+    redis_prefix,
+)
+from tests.integration.test_memory import memory_settings, rows, until
 from tests.integration.test_server import engines, running
 
 pytestmark = pytest.mark.integration
@@ -130,3 +136,30 @@ async def test_redis_cut_off_mid_conversation_does_not_stall_turns(
             recall = await memory.warm.primary.load(("bran", "p-r"))
             said = [t.text for t in recall.turns if t.role == "player"]
             assert said == ["Hello there.", "What do you sell?", "Any news from the road?"]
+
+
+async def test_postgres_cut_off_mid_conversation_loses_no_event_once_back(
+    engines: tuple[Engine, Engine],
+    settings: MythicSettings,
+    tmp_path: Path,
+    redis_prefix: str,
+    postgres_dsn: str,
+) -> None:
+    async with cutoff(POSTGRES_DSN) as proxy:
+        memory = Memory(memory_settings(tmp_path, redis_prefix, proxy.url(postgres_dsn)))
+        async with running(engines, settings, memory=memory, chat=CHAT) as (address, _):
+            await say(address, "bran", "Hello there.", player_id="p-pg", session_id="g1")
+            await memory.settle()
+            await proxy.cut()
+            for line in ("What do you sell?", "Any news from the road?", "Farewell."):
+                reply = await say(address, "bran", line, player_id="p-pg", session_id="g1")
+                assert reply["finish_reason"] in ("stop", "length") and reply["text"]
+            await until(lambda: memory.archiver.stats.spooled >= 6)
+            assert memory.archiver.down
+            await proxy.restore()
+            await until(lambda: not memory.archiver.down)
+            await memory.settle()
+            stats = memory.archiver.stats
+            assert stats.replayed + stats.duplicates == stats.spooled >= 6
+    turns, distinct = await rows(postgres_dsn, "p-pg", "turn")
+    assert turns == distinct == 8  # four lines and four replies, each once
