@@ -131,6 +131,8 @@ async def test_redis_cut_off_mid_conversation_does_not_stall_turns(
                 metrics = (await http.get("/metrics")).text
             assert "mythic_memory_warm_up 0.0" in metrics
             assert "mythic_memory_hot_entries 2.0" in metrics
+            assert 'mythic_memory_prefetch_seconds{quantile="0.95"}' in metrics
+            assert 'mythic_turn_first_token_seconds{quantile="0.5"}' in metrics
             await proxy.restore()
             await until(lambda: memory.warm.up)
             recall = await memory.warm.primary.load(("bran", "p-r"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -75,16 +75,11 @@ class _GatewayCollector(Collector):
         yield CounterMetricFamily(
             "mythic_phrases", "reply phrases handed to speech", value=stats.phrases
         )
-        ttft = list(stats.first_tokens)
-        if ttft:
-            quantiles = GaugeMetricFamily(
-                "mythic_turn_first_token_seconds",
-                "player line received to first reply delta sent (recent turns)",
-                labels=["quantile"],
-            )
-            for q in (0.5, 0.95, 0.99):
-                quantiles.add_metric([str(q)], _quantile(ttft, q))
-            yield quantiles
+        yield from _quantiles(
+            "mythic_turn_first_token_seconds",
+            "player line received to first reply delta sent (recent turns)",
+            stats.first_tokens,
+        )
         if g.memory is not None:
             yield from _memory_metrics(g)
         engines = {"dialogue": g.engine}
@@ -145,15 +140,20 @@ def _memory_metrics(g: Gateway) -> Iterator[Metric]:
         ("mythic_memory_prefetch_timeouts", "prefetches that gave up", stats.prefetch_timeouts),
     ):
         yield CounterMetricFamily(name, doc, value=value)
-    seconds = list(stats.prefetch_seconds)
-    if seconds:
-        family = GaugeMetricFamily(
-            "mythic_memory_prefetch_seconds",
-            "warm to hot at conversation start",
-            labels=["quantile"],
-        )
+    yield from _quantiles(
+        "mythic_memory_prefetch_seconds",
+        "warm to hot at conversation start",
+        stats.prefetch_seconds,
+    )
+
+
+def _quantiles(name: str, doc: str, samples: Iterable[float]) -> Iterator[Metric]:
+    """p50/p95/p99 of recent samples as a gauge with a `quantile` label; nothing when none."""
+    values = list(samples)
+    if values:
+        family = GaugeMetricFamily(name, doc, labels=["quantile"])
         for q in (0.5, 0.95, 0.99):
-            family.add_metric([str(q)], _quantile(seconds, q))
+            family.add_metric([str(q)], _quantile(values, q))
         yield family
 
 
