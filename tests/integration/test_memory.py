@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from mythic.config import MemorySettings
-from mythic.memory import DAY_S, Fact, FallbackWarm, ManualClock, Memory, RedisWarm
+from mythic.memory import Fact, FallbackWarm, ManualClock, Memory, RedisWarm
 from tests.integration.services import (
     POSTGRES_DSN,
     REDIS_URL,
@@ -192,7 +192,6 @@ async def test_migrations_run_once_and_a_missing_schema_is_a_clear_error(
         assert await memory.cold.history(HistoryQuery(player_id="x")) == []
     finally:
         await memory.aclose()
-    assert DAY_S == 86_400
 
 
 async def test_corrupt_redis_values_are_reported_and_skipped(
