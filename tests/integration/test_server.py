@@ -120,10 +120,13 @@ async def test_a_turn_with_a_waypoint_tool_call_and_its_ack(
             events = [event async for event in turn]
         # The history holds the line, the reply, the tool's result and the voiced follow-up.
         history = list(gateway.cast.actors["marla"].histories[client.session_id])
-    # The line, the scene (told once), the reply, the tool's result, the voiced follow-up.
-    assert [m.role for m in history] == ["user", "system", "assistant", "system", "assistant"]
-    assert "zone old_town" in history[1].content and "player (1.2 away)" in history[1].content
-    assert history[3].content == (
+    # The line, the reply, the tool's result, the voiced follow-up; the scene and the lore
+    # went into that turn's prompt only.
+    assert [m.role for m in history] == ["user", "assistant", "system", "assistant"]
+    context = gateway.cast.actors["marla"].last_context
+    assert context is not None and "## Scene" in context.content
+    assert '"zone":"old_town"' in context.content and "player (1.2 away)" in context.content
+    assert history[2].content == (
         'Game event: set_waypoint {"target": "blackfen_marsh"} -> ok {"distance_m": 140}'
     )
     assert [c.name for c in calls] == ["set_waypoint"], turn.text
@@ -236,8 +239,8 @@ async def test_a_cutoff_stops_the_turn_and_a_new_line_barges_in(
     said = [m.content for m in history if m.role == "assistant"]
     assert said[0].strip() == cut_text.strip()
     assert [m.content for m in history if m.role == "user"][-1] == "Never mind. Good night!"
-    # The scene was told once, on the first turn.
-    assert [m.role for m in history].count("system") == 1 and history[1].role == "system"
+    # Only what was said is in the history (the scene and lore go into each prompt).
+    assert "system" not in [m.role for m in history]
     await until(lambda: not gateway.engine.metrics().running)
 
 
@@ -381,8 +384,8 @@ async def test_http_endpoints(server: tuple[str, Gateway]) -> None:
         # Whichever arrived last was answered in full.
         assert any(r.json()["text"] and r.json()["finish_reason"] != "cutoff" for r in both)
         state = (await http.get("/v1/npcs/marla")).json()
-        # The scene told once, then two exchanges.
-        assert state["history_messages"]["http.alice"] == 5
+        # Two exchanges (the scene goes into each prompt, not the history).
+        assert state["history_messages"]["http.alice"] == 4
         assert (await http.post("/v1/npcs/marla/say", json={"text": ""})).status_code == 422
         assert (await http.post("/v1/npcs/marla/say", json={"text": "  \n"})).status_code == 422
         too_long = {"text": "a" * 4001}

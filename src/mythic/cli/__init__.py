@@ -48,6 +48,8 @@ db_app = typer.Typer(help="The memory archive's database: migrations.")
 memory_app = typer.Typer(help="What NPCs remember of players: show, forget, compact.")
 app.add_typer(db_app, name="db")
 app.add_typer(memory_app, name="memory")
+eval_app = typer.Typer(help="Evaluate NPCs with probes through a real server: lore, style.")
+app.add_typer(eval_app, name="eval")
 
 # markup=False: NPC names, player lines and paths may contain [brackets] that are not markup.
 out = Console(highlight=False, soft_wrap=True, markup=False)
@@ -381,6 +383,133 @@ def memory_compact(
 
 
 # -- chat -----------------------------------------------------------------------------------------
+
+
+# -- eval ---------------------------------------------------------------------------------------
+
+
+def _eval(
+    kind: str,
+    world: Path,
+    probes_file: Path | None,
+    modes: str,
+    limit: int | None,
+    npc: str | None,
+    out_file: Path | None,
+    verbose: bool,
+    config: Path | None,
+) -> None:
+    import asyncio
+
+    from mythic.cli._eval import Mode, load_probes, report, run_probes
+    from mythic.knowledge import load_world
+
+    settings = _settings(config)
+    loaded = _guard(lambda: load_world(world, max_lore_bytes=settings.knowledge.max_lore_bytes))
+    for problem in loaded.skipped:
+        err.print(f"lore skipped: {problem}", style="yellow")
+    path = probes_file or world / "probes" / f"{kind}.yaml"
+    probes: list[Any] = list(_guard(lambda: load_probes(path, kind, loaded)))  # type: ignore[arg-type]
+    if npc is not None:
+        probes = [p for p in probes if p.npc == npc]
+    probes = probes[:limit] if limit is not None else probes
+    if not probes:
+        err.print("error: no probes left to run", style="bold red")
+        raise typer.Exit(2)
+    chosen: list[Mode] = []
+    for mode in (m.strip() for m in modes.split(",") if m.strip()):
+        if mode not in ("hybrid", "bm25", "dense", "off"):
+            err.print(f"error: unknown retrieval mode {mode!r} (hybrid, bm25, dense, off)")
+            raise typer.Exit(2)
+        chosen.append(mode)  # type: ignore[arg-type]
+    err.print(
+        f"{len(probes)} {kind} probes x {len(chosen)} mode(s) on "
+        f"{settings.engine.dialogue_model} (greedy), through a server on loopback ..."
+    )
+
+    def show(mode: str, outcome: Any) -> None:
+        if verbose or not outcome.passed:
+            mark = "ok  " if outcome.passed else "FAIL"
+            failed = [c for c, ok in outcome.checks.items() if not ok]
+            out.print(f"[{mode}] {mark} {outcome.probe.npc}: {outcome.probe.question}")
+            out.print(
+                f"         -> {outcome.reply!r}" + (f"  ({', '.join(failed)})" if failed else "")
+            )
+
+    results = _guard(
+        lambda: asyncio.run(run_probes(settings, loaded, kind, probes, chosen, on_reply=show))  # type: ignore[arg-type]
+    )
+    out.print("")
+    header = f"{'retrieval':<10} {'passed':>9} {'accuracy':>9} {'median reply s':>15}"
+    checks = ("correct",) if kind == "lore" else ("taboo_kept", "catchphrase_used", "length_kept")
+    if kind == "style":
+        header += "".join(f" {c:>17}" for c in checks)
+    out.print(header)
+    for r in results:
+        passed = sum(o.passed for o in r.outcomes)
+        row = f"{r.mode:<10} {passed:>4}/{len(r.outcomes):<4} {r.accuracy:>9.1%}"
+        row += f" {r.median_s():>15.2f}"
+        if kind == "style":
+            for c in checks:
+                ok, of = r.rate(c)
+                row += f" {f'{ok}/{of}':>17}"
+        out.print(row)
+    if kind == "lore" and len(results) > 1:
+        base = results[-1].accuracy
+        for r in results[:-1]:
+            out.print(f"{r.mode} vs {results[-1].mode}: {r.accuracy - base:+.1%} accuracy")
+    if out_file is not None:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text(json.dumps(report(kind, results), indent=2) + "\n")
+        err.print(f"wrote {out_file}")
+
+
+WorldOption = Annotated[Path, typer.Option("--world", "-w", help="World folder.")]
+ProbesOption = Annotated[
+    Path | None,
+    typer.Option("--probes", help="Probes YAML (default: <world>/probes/<kind>.yaml)."),
+]
+LimitOption = Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N probes.")]
+NpcOption = Annotated[str | None, typer.Option("--npc", help="Only this NPC's probes.")]
+OutOption = Annotated[Path | None, typer.Option("--out", help="Write the results as JSON.")]
+VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Show every reply, not only failures.")
+]
+
+
+@eval_app.command("lore")
+def eval_lore(
+    world: WorldOption,
+    probes: ProbesOption = None,
+    modes: Annotated[
+        str, typer.Option("--modes", help="Retrieval modes to compare, comma-separated.")
+    ] = "hybrid,off",
+    limit: LimitOption = None,
+    npc: NpcOption = None,
+    out_file: OutOption = None,
+    verbose: VerboseOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Ask lore questions through a real server and report accuracy, with and without
+    retrieval in one run."""
+    _eval("lore", world, probes, modes, limit, npc, out_file, verbose, config)
+
+
+@eval_app.command("style")
+def eval_style(
+    world: WorldOption,
+    probes: ProbesOption = None,
+    modes: Annotated[
+        str, typer.Option("--modes", help="Retrieval modes, comma-separated.")
+    ] = "hybrid",
+    limit: LimitOption = None,
+    npc: NpcOption = None,
+    out_file: OutOption = None,
+    verbose: VerboseOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Persona adherence: taboos not revealed, catchphrases used, reply length kept."""
+    _eval("style", world, probes, modes, limit, npc, out_file, verbose, config)
 
 
 @app.command()

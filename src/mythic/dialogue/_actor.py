@@ -61,6 +61,8 @@ from mythic.engine import (
     RequestError,
     Sampling,
 )
+from mythic.knowledge import Query, SceneState
+from mythic.knowledge import SceneObject as KnownObject
 from mythic.memory import Fact, Memory
 
 if TYPE_CHECKING:
@@ -90,6 +92,11 @@ class Scene:
             near = ", ".join(f"{o.id} ({o.dist:g} away)" for o in self.objects[:12])
             parts.append(f"nearby: {near}")
         return "Scene now: " + "; ".join(parts) if parts else None
+
+    def state(self) -> SceneState:
+        return SceneState(
+            self.zone, self.time, tuple(KnownObject(o.id, o.dist) for o in self.objects)
+        )
 
 
 @dataclass(slots=True)
@@ -125,20 +132,20 @@ class NPCActor:
     def __init__(self, cast: Cast, npc_id: str) -> None:
         self.cast = cast
         self.npc_id = npc_id
-        self.persona = cast.world.npc(npc_id)
-        self.tools = npc_tools(npc_id, self.persona.tools)
-        self.short_name = self.persona.name.split(",")[0]
+        self._generation = -1
+        self._know_persona()
         self.mailbox: Mailbox[Event] = Mailbox(cast.settings.dialogue.mailbox_size)
         self.machine = DialogueStateMachine(self._state_changed)
         self.scene = Scene(zone=self.persona.zone)
         self.histories: dict[str, list[ChatMessage]] = {}
-        self.system = ChatMessage("system", persona_prompt(cast.world, self.persona))
         self.last_intent: IntentUpdate | None = None
+        self.last_context: ChatMessage | None = None
+        """The last turn's `## Lore` / `## Scene` message (for `GET /v1/npcs/{id}`)."""
         self.last_turn: TurnRecord | None = None
         self._turn: _Turn | None = None
         self._held: deque[PlayerLine] = deque()
-        self._scene_told: dict[str, str] = {}
-        """Per session, the scene description last put in its history."""
+        self._intents: dict[str, str] = {}
+        """Per session, the last intent decided: it steers the next line's retrieval."""
         self._players: dict[str, str] = {}
         """Per session, the player it belongs to (sessions that name one)."""
         self._memory_told: dict[str, ChatMessage | None] = {}
@@ -148,6 +155,23 @@ class NPCActor:
         self._next_intent: AskIntent | None = None
         self._session_of_state: str | None = None
         self._turn_of_state: str | None = None
+
+    def _know_persona(self) -> None:
+        """(Re)read the persona card and its packed `## Persona` section: at start, and after
+        the world was reloaded.
+
+        Raises:
+            KeyError: the world has no such NPC (any more).
+        """
+        cast, knowledge = self.cast, self.cast.knowledge
+        self.persona = cast.world.npc(self.npc_id)
+        self.tools = npc_tools(self.npc_id, self.persona.tools)
+        self.short_name = self.persona.name.split(",")[0]
+        section = knowledge.persona(self.npc_id) if knowledge is not None else None
+        full = knowledge is None
+        prompt = persona_prompt(cast.world, self.persona, section, full=full)
+        self.system = ChatMessage("system", prompt)
+        self._generation = knowledge.generation if knowledge is not None else 0
 
     @property
     def state(self) -> DialogueState:
@@ -250,7 +274,7 @@ class NPCActor:
                     self._next_held(tasks)
                 if forget:
                     self.histories.pop(session_id, None)
-                    self._scene_told.pop(session_id, None)
+                    self._intents.pop(session_id, None)
                     self._memory_told.pop(session_id, None)
                     player = self._players.pop(session_id, None)
                     if player is not None and self.cast.memory is not None:
@@ -319,12 +343,9 @@ class NPCActor:
         history = self.histories.setdefault(session, [])
         out = _TurnOutput(self, line)
         memory = cast.memory if line.player_id is not None else None
-        # The scene is told once, when it changed, after the line (before it, the 0.5B model
-        # read it back as its reply), and kept in the history: every prompt then extends the
-        # session's previous one and only the new line is evaluated.
-        scene = self.scene.describe()
-        if scene and scene != self._scene_told.get(session):
-            out.told = [ChatMessage("system", scene)]
+        if cast.knowledge is not None and cast.knowledge.generation != self._generation:
+            with contextlib.suppress(KeyError):  # an NPC removed from the world keeps its card
+                self._know_persona()
         user = ChatMessage("user", line.text)
         decision_task: asyncio.Task[Decision | None] | None = None
         speaking = False
@@ -332,8 +353,9 @@ class NPCActor:
             self.machine.to(DialogueState.THINKING)
             if memory is not None and line.player_id is not None:
                 await self._recall(memory, session, line.player_id)
+            out.told = await self._context(line)
             decide = cast.settings.dialogue.decide
-            async for text in self._generate(out, history, user, *out.told):
+            async for text in self._generate(out, history, *out.told, user):
                 if decide and decision_task is None:
                     # The decision (gold) starts once the reply has its first token, so it
                     # cannot delay that token; it is needed only when the reply ends.
@@ -349,6 +371,7 @@ class NPCActor:
             decision_task = None
             if decision is not None:
                 out.intent = decision.intent
+                self._intents[session] = decision.intent
                 self._push_intent(session, decision.intent)
             if decision is not None and decision.tool is not None and line.tools:
                 await self._call_tool(out, history, user, decision.tool)
@@ -373,9 +396,7 @@ class NPCActor:
             if out.history_open:
                 history.append(ChatMessage("assistant", said or "..."))
             elif said:
-                history += [user, *out.told, ChatMessage("assistant", said)]
-            if (said or out.history_open) and out.told:
-                self._scene_told[session] = out.told[0].content
+                history += [user, ChatMessage("assistant", said)]
             # Keep twice the exchanges a prompt uses; the oldest whole exchanges go first.
             starts = _exchange_starts(history)
             keep = 2 * cast.settings.chat.history_turns
@@ -397,7 +418,30 @@ class NPCActor:
         if session not in self._memory_told:
             await memory.prefetch(self.npc_id, player_id)
             told = memory.context(self.npc_id, player_id, session_id=session)
+            if told and self.cast.knowledge is not None:
+                told = self.cast.knowledge.fit_memory(self.npc_id, told)
             self._memory_told[session] = ChatMessage("system", told) if told else None
+
+    async def _context(self, line: PlayerLine) -> list[ChatMessage]:
+        """This turn's `## Lore` (retrieved for the line, the session's last intent and the
+        scene) and `## Scene`: one message after the line, for this prompt only (the history
+        keeps the exchange, not the lore). Retrieval runs in a worker thread."""
+        knowledge = self.cast.knowledge
+        if knowledge is None:
+            scene = self.scene.describe()
+            return [ChatMessage("system", scene)] if scene else []
+        told = self._memory_told.get(line.session_id)
+        query = Query(line.text, self._intents.get(line.session_id))
+        packed = await asyncio.to_thread(
+            knowledge.context,
+            self.npc_id,
+            query,
+            memory=told.content if told else None,
+            scene=self.scene.state(),
+        )
+        text = "\n\n".join(s for s in (packed.lore, packed.scene) if s)
+        self.last_context = ChatMessage("system", text) if text else None
+        return [self.last_context] if self.last_context else []
 
     def _reply_messages(
         self, session_id: str, history: list[ChatMessage], *tail: ChatMessage, drop: int = 0
@@ -552,12 +596,7 @@ class NPCActor:
         note = _tool_note(name, args, outcome)
         self._remember_tool(out.line, name, args, outcome, note)
         # The follow-up joins the history as the NPC's next words (in the turn's `finally`).
-        exchange = [
-            user,
-            *out.told,
-            ChatMessage("assistant", said or "..."),
-            ChatMessage("system", note),
-        ]
+        exchange = [user, ChatMessage("assistant", said or "..."), ChatMessage("system", note)]
         history += exchange
         out.restart()
         self.machine.to(DialogueState.SPEAKING)
@@ -706,7 +745,7 @@ class _TurnOutput:
         self.tool_calls: list[dict[str, Any]] = []
         self.history_open = False
         self.told: list[ChatMessage] = []
-        """The scene message this turn adds before the line, when the scene changed."""
+        """The turn's context message (lore, scene), sent after the line in its prompts."""
         """The exchange and tool note are in the history; only the follow-up is missing."""
         self._pieces: list[str] = []
         self._segment_open = False

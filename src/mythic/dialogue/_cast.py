@@ -34,7 +34,7 @@ from mythic.dialogue._actor import NPCActor
 from mythic.dialogue._events import AskIntent, PlayerLine, SceneChange, SessionGone, StopTurn
 from mythic.dialogue._tools import npc_tools
 from mythic.engine import ChatMessage, Engine, GenerationRequest, Priority, Sampling
-from mythic.knowledge import World
+from mythic.knowledge import Knowledge, World
 from mythic.memory import Memory, NPCInfo
 
 log = logging.getLogger(__name__)
@@ -113,17 +113,17 @@ class Cast:
         intent_engine: Engine | None = None,
         on_phrase: Callable[[str, str, str], None] | None = None,
         memory: Memory | None = None,
+        knowledge: Knowledge | None = None,
     ) -> None:
         for npc_id, persona in world.npcs.items():
             npc_tools(npc_id, persona.tools)  # an unknown tool name fails here, at start
         self.memory = memory
         if memory is not None:
             memory.writer = self._write_summary
-            memory.npcs = {
-                npc_id: NPCInfo(p.name.split(",")[0], f"a {p.archetype} in {world.name}")
-                for npc_id, p in world.npcs.items()
-            }
+        self.knowledge = knowledge
+        """Persona, lore and packing; None: the whole persona card, no lore."""
         self.world = world
+        self._world_changed(world)
         self.engine = engine
         self.intent_engine = intent_engine or engine
         self.settings = settings
@@ -200,6 +200,28 @@ class Cast:
         for call in self._calls.values():
             if call.session_id == session_id and not call.answer.done():
                 call.answer.cancel()
+
+    def _world_changed(self, world: World) -> None:
+        self.world = world
+        if self.memory is not None:
+            self.memory.npcs = {
+                npc_id: NPCInfo(p.name.split(",")[0], f"a {p.archetype} in {world.name}")
+                for npc_id, p in world.npcs.items()
+            }
+
+    def reload_world(self) -> None:
+        """Take the world `knowledge` has reloaded: new lines see the new cards and lore (each
+        actor rereads its persona at its next turn).
+
+        Raises:
+            ToolArgumentError: a persona card lists a tool that does not exist.
+        """
+        if self.knowledge is None:
+            return
+        world = self.knowledge.world
+        for npc_id, persona in world.npcs.items():
+            npc_tools(npc_id, persona.tools)
+        self._world_changed(world)
 
     def phrase(self, npc_id: str, turn_id: str, text: str) -> None:
         """A phrase of a reply is ready for speech synthesis."""

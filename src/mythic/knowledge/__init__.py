@@ -1,22 +1,67 @@
-"""What NPCs know: their persona cards and their world's lore.
+"""What NPCs know: persona cards, lore per zone, retrieval and context packing.
 
 A world is a folder::
 
-    world.yaml            name, description, zones
-    npcs/<npc id>.yaml    persona cards
-    lore/<zone id>/*.md   lore documents (optional front matter: title, tags)
+    world.yaml              name, description, zones
+    npcs/<npc id>.yaml      persona cards
+    lore/*.md               world-wide lore (optional front matter: title, tags)
+    lore/<zone id>/*.md     lore of a zone (or .yaml: title, tags, text / entries)
+
+`Knowledge` cuts the lore into chunks, indexes them per zone (BM25 with `bm25s` and
+384-dimensional all-MiniLM-L6-v2 embeddings, blended), and packs each turn's context into
+`## Persona`, `## Lore`, `## Recent Memory` and `## Scene` within token budgets.
 """
 
 from mythic.knowledge._cards import WorldLoadError, WorldProblem
+from mythic.knowledge._chunks import Chunk, chunk_text
+from mythic.knowledge._embed import Embedder, KnowledgeError, MiniLM, shared_embedder
+from mythic.knowledge._index import Hit, Index, Query, terms
+from mythic.knowledge._knowledge import Knowledge, KnowledgeStats, ReloadReport, world_chunks
+from mythic.knowledge._pack import (
+    HEADERS,
+    Budgets,
+    Packed,
+    SceneObject,
+    SceneState,
+    pack,
+    pack_persona,
+    persona_lines,
+)
+from mythic.knowledge._tokens import TokenCounter, approx_tokens, fit_tokens
 from mythic.knowledge._world import LoreDoc, Persona, World, WorldCard, Zone, load_world
 
 __all__ = [
+    "HEADERS",
+    "Budgets",
+    "Chunk",
+    "Embedder",
+    "Hit",
+    "Index",
+    "Knowledge",
+    "KnowledgeError",
+    "KnowledgeStats",
     "LoreDoc",
+    "MiniLM",
+    "Packed",
     "Persona",
+    "Query",
+    "ReloadReport",
+    "SceneObject",
+    "SceneState",
+    "TokenCounter",
     "World",
     "WorldCard",
     "WorldLoadError",
     "WorldProblem",
     "Zone",
+    "approx_tokens",
+    "chunk_text",
+    "fit_tokens",
     "load_world",
+    "pack",
+    "pack_persona",
+    "persona_lines",
+    "shared_embedder",
+    "terms",
+    "world_chunks",
 ]

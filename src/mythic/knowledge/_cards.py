@@ -78,10 +78,12 @@ def _item_line(node: yaml.Node, loc: tuple[int | str, ...]) -> int | None:
     return line
 
 
-def read_text_file(path: Path) -> tuple[str | None, list[WorldProblem]]:
+def read_text_file(
+    path: Path, limit: int = MAX_CARD_BYTES
+) -> tuple[str | None, list[WorldProblem]]:
     """Read a small UTF-8 text file of a world, or say why it cannot be used.
 
-    Only regular files are read, and never more than MAX_CARD_BYTES: a card that is a link to a
+    Only regular files are read, and never more than `limit` bytes: a card that is a link to a
     device or a huge file is a problem to report, not a read that never ends.
     """
     try:
@@ -89,11 +91,12 @@ def read_text_file(path: Path) -> tuple[str | None, list[WorldProblem]]:
         if not stat.S_ISREG(st.st_mode):
             return None, [WorldProblem(path, None, None, "not a regular file")]
         with path.open("rb") as fh:
-            raw = fh.read(MAX_CARD_BYTES + 1)
+            raw = fh.read(limit + 1)
     except OSError as exc:
         return None, [WorldProblem(path, None, None, f"cannot read: {exc.strerror or exc}")]
-    if len(raw) > MAX_CARD_BYTES:
-        return None, [WorldProblem(path, None, None, f"{st.st_size} bytes; the limit is 256 KiB")]
+    if len(raw) > limit:
+        size = max(st.st_size, len(raw))
+        return None, [WorldProblem(path, None, None, f"{size} bytes; the limit is {limit} bytes")]
     try:
         return raw.decode("utf-8"), []
     except UnicodeDecodeError:
@@ -101,13 +104,18 @@ def read_text_file(path: Path) -> tuple[str | None, list[WorldProblem]]:
 
 
 def load_card(
-    path: Path, model: type[Card], *, context: dict[str, object] | None = None
+    path: Path,
+    model: type[Card],
+    *,
+    context: dict[str, object] | None = None,
+    limit: int = MAX_CARD_BYTES,
 ) -> tuple[Card | None, list[WorldProblem]]:
-    """Parse and validate one YAML card; return the card or the problems found.
+    """Parse and validate one YAML card of at most `limit` bytes; return the card or the
+    problems found.
 
     `context` is handed to the model's validators (e.g. the zones a world declares).
     """
-    text, problems = read_text_file(path)
+    text, problems = read_text_file(path, limit)
     if text is None:
         return None, problems
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,15 @@ from pydantic import (
     field_validator,
 )
 
-from mythic.knowledge._cards import WorldLoadError, WorldProblem, load_card, read_text_file
+from mythic.knowledge._cards import (
+    MAX_CARD_BYTES,
+    WorldLoadError,
+    WorldProblem,
+    load_card,
+    read_text_file,
+)
+
+log = logging.getLogger(__name__)
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
@@ -58,16 +67,34 @@ class Persona(_Card):
     tools: list[Slug] | None = Field(default=None, max_length=64)
     """The game tools this NPC may call (give_item, set_waypoint, open_dialog, play_emote,
     set_focus, set_marker); left out: all of them; `[]`: none."""
+    knows: list[Slug] = Field(default_factory=list, max_length=64)
+    """Zones whose lore the NPC knows besides its own zone's (world-wide lore, in `lore/`
+    itself, everyone knows)."""
 
     @field_validator("zone")
     @classmethod
     def _zone_declared(cls, zone: str | None, info: ValidationInfo) -> str | None:
-        zones = info.context.get("zones") if isinstance(info.context, dict) else None
-        if zone is not None and zones is not None and zone not in zones:
-            raise ValueError(
-                f"unknown zone {zone!r} (world.yaml zones: {', '.join(sorted(zones))})"
-            )
+        if zone is not None:
+            _check_zone(zone, info)
         return zone
+
+    @field_validator("knows")
+    @classmethod
+    def _zones_declared(cls, zones: list[str], info: ValidationInfo) -> list[str]:
+        for zone in zones:
+            _check_zone(zone, info)
+        return zones
+
+    def zones_known(self) -> tuple[str, ...]:
+        """The zones whose lore this NPC draws on: its own first, then `knows`."""
+        own = (self.zone,) if self.zone else ()
+        return own + tuple(z for z in self.knows if z != self.zone)
+
+
+def _check_zone(zone: str, info: ValidationInfo) -> None:
+    zones = info.context.get("zones") if isinstance(info.context, dict) else None
+    if zones is not None and zone not in zones:
+        raise ValueError(f"unknown zone {zone!r} (world.yaml zones: {', '.join(sorted(zones))})")
 
 
 class Zone(_Card):
@@ -89,9 +116,9 @@ class WorldCard(_Card):
 
 @dataclass(frozen=True, slots=True)
 class LoreDoc:
-    """One markdown lore document of a zone."""
+    """One lore document: of a zone (`lore/<zone>/`), or of the whole world (`lore/`)."""
 
-    zone: str
+    zone: str | None
     title: str
     text: str
     path: Path
@@ -106,6 +133,9 @@ class World:
     card: WorldCard
     npcs: dict[str, Persona]
     lore: tuple[LoreDoc, ...] = field(default_factory=tuple)
+    skipped: tuple[WorldProblem, ...] = field(default_factory=tuple)
+    """Lore files that could not be used (unreadable, too large, malformed): reported, left
+    out, and the rest of the world loaded."""
 
     @property
     def name(self) -> str:
@@ -123,7 +153,8 @@ class World:
             known = ", ".join(sorted(self.npcs)) or "none"
             raise KeyError(f"no NPC {npc_id!r} in world {self.name!r} (NPCs: {known})") from None
 
-    def lore_for(self, zone: str) -> list[LoreDoc]:
+    def lore_for(self, zone: str | None) -> list[LoreDoc]:
+        """The lore documents of `zone` (None: the world-wide ones)."""
         return [doc for doc in self.lore if doc.zone == zone]
 
 
@@ -132,38 +163,76 @@ class _LoreFront(_Card):
     tags: list[Slug] = Field(default_factory=list, max_length=32)
 
 
-def _load_lore(path: Path, zone: str) -> tuple[LoreDoc | None, list[WorldProblem]]:
-    text, problems = read_text_file(path)
+class _LoreEntry(_LoreFront):
+    text: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+
+class _LoreFile(_Card):
+    """A YAML lore file: one document (`title`, `tags`, `text`) or several (`entries`)."""
+
+    title: Text | None = None
+    tags: list[Slug] = Field(default_factory=list, max_length=32)
+    text: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] | None = None
+    entries: list[_LoreEntry] = Field(default_factory=list, max_length=10_000)
+
+
+LORE_SUFFIXES = (".md", ".yaml", ".yml")
+
+
+def _load_lore(
+    path: Path, zone: str | None, limit: int = MAX_CARD_BYTES
+) -> tuple[list[LoreDoc], list[WorldProblem]]:
+    """The documents of one lore file (markdown with optional front matter, or YAML)."""
+    if path.suffix != ".md":
+        card, problems = load_card(path, _LoreFile, limit=limit)
+        if card is None:
+            return [], problems
+        stem = path.stem.replace("-", " ").replace("_", " ")
+        docs = [
+            LoreDoc(zone, e.title or f"{card.title or stem} {i + 1}", e.text, path, tuple(e.tags))
+            for i, e in enumerate(card.entries)
+        ]
+        if card.text is not None:
+            docs.insert(0, LoreDoc(zone, card.title or stem, card.text, path, tuple(card.tags)))
+        if not docs:
+            return [], [WorldProblem(path, None, None, "lore file has no `text` and no `entries`")]
+        return docs, []
+    text, problems = read_text_file(path, limit)
     if text is None:
-        return None, problems
+        return [], problems
     front = _LoreFront()
     body = text
     if text.startswith("---\n"):
         end = text.find("\n---", 4)
         if end < 0:
-            return None, [WorldProblem(path, 1, None, "front matter opened with --- never closed")]
+            return [], [WorldProblem(path, 1, None, "front matter opened with --- never closed")]
         try:
             raw = yaml.safe_load(text[4:end]) or {}
             front = _LoreFront.model_validate(raw)
         except RecursionError:
-            return None, [WorldProblem(path, 1, "front matter", "nested too deeply")]
+            return [], [WorldProblem(path, 1, "front matter", "nested too deeply")]
         except (yaml.YAMLError, ValueError) as exc:
-            return None, [WorldProblem(path, 1, "front matter", str(exc).splitlines()[0])]
+            return [], [WorldProblem(path, 1, "front matter", str(exc).splitlines()[0])]
         body = text[end + 4 :].lstrip("\n")
     if not body.strip():
-        return None, [WorldProblem(path, None, None, "lore document has no text")]
+        return [], [WorldProblem(path, None, None, "lore document has no text")]
     title = front.title
     if title is None:
         heading = next((ln for ln in body.splitlines() if ln.startswith("# ")), None)
         title = heading[2:].strip() if heading else path.stem.replace("-", " ").replace("_", " ")
-    return LoreDoc(zone, title, body, path, tuple(front.tags)), []
+    return [LoreDoc(zone, title, body, path, tuple(front.tags))], []
 
 
-def load_world(path: str | Path) -> World:
+def _lore_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix in LORE_SUFFIXES and not p.is_dir())
+
+
+def load_world(path: str | Path, *, max_lore_bytes: int = MAX_CARD_BYTES) -> World:
     """Load and validate a whole world folder.
 
-    Every card is checked before anything is returned, so a world is loaded completely or
-    not at all.
+    Every card is checked before anything is returned, so the cards of a world are loaded
+    completely or not at all. A lore file that cannot be used (unreadable, larger than
+    `max_lore_bytes`, malformed) is reported in `World.skipped` and left out.
 
     Raises:
         WorldLoadError: lists every problem found, each with its file, line and field.
@@ -200,19 +269,24 @@ def load_world(path: str | Path) -> World:
         npcs[npc_id] = persona
 
     lore: list[LoreDoc] = []
+    skipped: list[WorldProblem] = []
     lore_dir = root / "lore"
     if lore_dir.is_dir():
+        shards: list[tuple[str | None, Path]] = [(None, lore_dir)]
         for zone_dir in sorted(p for p in lore_dir.iterdir() if p.is_dir()):
             if card is not None and zone_dir.name not in zones:
                 msg = f"lore for zone {zone_dir.name!r}, which world.yaml does not declare"
                 problems.append(WorldProblem(zone_dir, None, None, msg))
                 continue
-            for file in sorted(zone_dir.glob("*.md")):
-                doc, found = _load_lore(file, zone_dir.name)
-                problems += found
-                if doc is not None:
-                    lore.append(doc)
+            shards.append((zone_dir.name, zone_dir))
+        for zone, folder in shards:
+            for file in _lore_files(folder):
+                docs, found = _load_lore(file, zone, max_lore_bytes)
+                skipped += found
+                lore += docs
 
     if problems or card is None:
         raise WorldLoadError(problems)
-    return World(path=root, card=card, npcs=npcs, lore=tuple(lore))
+    for problem in skipped:
+        log.warning("lore skipped: %s", problem)
+    return World(path=root, card=card, npcs=npcs, lore=tuple(lore), skipped=tuple(skipped))

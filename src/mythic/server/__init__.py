@@ -124,7 +124,9 @@ def serve(
     from mythic.engine import Engine
     from mythic.knowledge import load_world
 
-    world = load_world(world_path)
+    world = load_world(world_path, max_lore_bytes=settings.knowledge.max_lore_bytes)
+    for problem in world.skipped:
+        announce(f"lore skipped: {problem}")
     server_settings = settings.server
     sock = bind(server_settings.host, server_settings.port)
     engine = Engine.load(settings.engine)

