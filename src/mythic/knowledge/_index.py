@@ -290,6 +290,10 @@ class Index:
     _bm25: Any = None
     _vectors: Vectors | None = None
     _lines: list[Vectors] = field(default_factory=list)
+    _terms: list[frozenset[str]] = field(default_factory=list)
+    _line_matrix: Vectors | None = None
+    """Every line vector of every chunk, stacked; `_line_starts[i]` is chunk i's first row."""
+    _line_starts: Any = None
 
     def __post_init__(self) -> None:
         np = require("numpy", package="numpy", extra="rag")
@@ -301,28 +305,45 @@ class Index:
             self._bm25 = bm25s.BM25()
             corpus = [terms(f"{c.text} {' '.join(c.tags)}") or ["_"] for c in self.chunks]
             self._bm25.index(corpus, show_progress=False)
+            self._terms = [frozenset(words) for words in corpus]
         if self.mode in ("hybrid", "dense"):
             parts = [s.vectors for s in self.shards if s.chunks]
             if any(p is None for p in parts):
                 raise ValueError("a shard of a dense index has no vectors")
             self._vectors = np.concatenate(parts) if parts else None
             self._lines = [v for s in self.shards if s.chunks for v in s.line_vectors or ()]
+            if len(self._lines) == len(self.chunks) and all(len(v) for v in self._lines):
+                self._line_matrix = np.concatenate(self._lines)
+                self._line_starts = np.cumsum([0] + [len(v) for v in self._lines[:-1]])
 
     def _lexical(self, query: Query, k: int) -> dict[int, float]:
+        """BM25 top `k`, normalised to the best (0..1) and scaled by the square root of the
+        share of the line's words each chunk has: one rare word in common is not a match."""
         if self._bm25 is None:
             return {}
-        words = terms(query.text) + [t for t in INTENT_TERMS.get(query.intent or "", ())]
+        asked = terms(query.text)
+        words = asked + [t for t in INTENT_TERMS.get(query.intent or "", ())]
         if not words:
             return {}
         scores = self._bm25.get_scores(words)
-        top = scores.argsort()[::-1][:k]
-        return {int(i): float(scores[i]) for i in top if scores[i] > 0}
+        top = [int(i) for i in scores.argsort()[::-1][:k] if scores[i] > 0]
+        best = float(scores[top[0]]) if top else 1.0
+        wanted = set(asked) or set(words)
+        return {
+            i: float(scores[i]) / best * (len(wanted & self._terms[i]) / len(wanted)) ** 0.5
+            for i in top
+        }
 
     def _dense(self, qvec: Vectors | None, k: int) -> tuple[dict[int, float], Vectors | None]:
         if self._vectors is None or qvec is None:
             return {}, None
         np = require("numpy", package="numpy", extra="rag")
         sims = self._vectors @ qvec
+        if self._line_matrix is not None:
+            # A chunk is as close as its closest line: one line may answer a question that the
+            # chunk's average meaning does not resemble.
+            lines = np.maximum.reduceat(self._line_matrix @ qvec, self._line_starts)
+            sims = np.maximum(sims, lines)
         k = min(k, len(sims))
         top = np.argpartition(-sims, k - 1)[:k] if k < len(sims) else np.arange(len(sims))
         return {int(i): float(sims[i]) for i in top}, sims
@@ -340,20 +361,20 @@ class Index:
         npc: str | None = None,
     ) -> list[Hit]:
         """The best `top_k` chunks for `query`: BM25 top `bm25_k` and cosine top `dense_k`,
-        blended `dense_weight * cosine + (1 - dense_weight) * bm25 / best bm25`, plus a small
+        blended `dense_weight * cosine + (1 - dense_weight) * bm25` (normalised, see
+        `_lexical`; a chunk's cosine is its own or its closest line's), plus a small
         bonus for the tags the intent and the scene favour, for `prefer_zone`, and for lore
         tagged with the asked `npc`."""
         if not self.chunks or self.mode == "off":
             return []
         lexical = self._lexical(query, bm25_k)
         dense, sims = self._dense(qvec, dense_k)
-        best = max(lexical.values(), default=0.0) or 1.0
         weight = {"hybrid": dense_weight, "dense": 1.0, "bm25": 0.0}[self.mode]
         wanted = set(query.tags) | set(INTENT_TAGS.get(query.intent or "", ()))
         hits = []
         for i in lexical.keys() | dense.keys():
             chunk = self.chunks[i]
-            bm = lexical.get(i, 0.0) / best
+            bm = lexical.get(i, 0.0)
             cos = float(sims[i]) if sims is not None else 0.0
             score = weight * cos + (1 - weight) * bm
             score += TAG_BONUS * min(2, len(wanted.intersection(chunk.tags)))

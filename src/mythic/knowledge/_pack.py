@@ -122,11 +122,12 @@ class _Section:
             return None
         lines = [HEADERS[self.name]]
         if self.groups:
-            for group, title in enumerate(self.groups):
-                mine = [self.units[i].text for i in kept if self.units[i].group == group]
-                if mine:
-                    lines.append(f"From {title}:")
-                    lines += mine
+            # Most relevant first, in groups and within them: small models weigh what they
+            # read first (and a fact near the top survives a model that stops reading).
+            by_rank = sorted(kept, key=lambda i: (-self.units[i].rank, i))
+            for group in dict.fromkeys(self.units[i].group for i in by_rank):
+                lines.append(f"From {self.groups[group]}:")
+                lines += [self.units[i].text for i in by_rank if self.units[i].group == group]
         else:
             lines += [self.units[i].text for i in kept]
         return "\n".join(lines)
