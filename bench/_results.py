@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -25,3 +26,31 @@ def write_results(path: Path, root: Path, *, results: Any, **fields: Any) -> Non
     }
     path.write_text(json.dumps(document, indent=2) + "\n")
     print(f"wrote {path.relative_to(root)}")
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def latency(samples: list[float], scale: float) -> dict[str, Any]:
+    """p50/p95/p99/max/mean of `samples` (seconds or ns) times `scale`."""
+    scaled = [s * scale for s in samples]
+    return {
+        "n": len(scaled),
+        "p50": pct(scaled, 0.5),
+        "p95": pct(scaled, 0.95),
+        "p99": pct(scaled, 0.99),
+        "max": max(scaled) if scaled else None,
+        "mean": statistics.fmean(scaled) if scaled else None,
+    }

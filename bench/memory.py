@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from _results import write_results
+from _results import fmt, latency, ratio, write_results
 from mythic.config import MemorySettings
 from mythic.memory import (
     Archiver,
@@ -120,34 +120,6 @@ FACTS = [
 
 
 # -- numbers ----------------------------------------------------------------------------------
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def latency(samples: list[float], scale: float) -> dict[str, Any]:
-    """p50/p95/p99/max/mean of `samples` (seconds or ns) times `scale`."""
-    scaled = [s * scale for s in samples]
-    return {
-        "n": len(scaled),
-        "p50": pct(scaled, 0.5),
-        "p95": pct(scaled, 0.95),
-        "p99": pct(scaled, 0.99),
-        "max": max(scaled) if scaled else None,
-        "mean": statistics.fmean(scaled) if scaled else None,
-    }
 
 
 # -- what a pair remembers ----------------------------------------------------------------------
