@@ -144,6 +144,14 @@ async def test_hot_reload_the_barkeep_gives_the_new_hours(
         await until(lambda: gateway.knowledge.generation > generation, timeout_s=30)
         watched = await _ask(http, question)
         assert "eleventh" in watched.lower(), watched
+        # A card naming a tool that does not exist is refused, by the API and by the watcher.
+        bran = root / "npcs" / "bran.yaml"
+        card = bran.read_text()
+        bran.write_text(card + "tools: [summon_dragon]\n")
+        refused = await http.post("/v1/world/reload")
+        assert refused.status_code == 422 and "summon_dragon" in refused.text
+        assert gateway.knowledge.generation == generation + 1
+        bran.write_text(card)
         # A broken card is refused with its problems; the world in play stays.
         (root / "npcs" / "marla.yaml").write_text("name: [broken\n")
         refused = await http.post("/v1/world/reload")

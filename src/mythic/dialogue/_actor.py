@@ -424,10 +424,11 @@ class NPCActor:
 
     async def _context(self, line: PlayerLine) -> list[ChatMessage]:
         """This turn's `## Lore` (retrieved for the line, the session's last intent and the
-        scene) and `## Scene`: one message after the line, for this prompt only (the history
-        keeps the exchange, not the lore). Retrieval runs in a worker thread."""
+        scene) and `## Scene`: one message just before the line, for this prompt only (the
+        history keeps the exchange, not the lore). Retrieval runs in a worker thread."""
         knowledge = self.cast.knowledge
-        if knowledge is None:
+        if knowledge is None or self.npc_id not in knowledge.world.npcs:
+            # No knowledge, or an NPC a reload removed while it still talks: the scene only.
             scene = self.scene.describe()
             return [ChatMessage("system", scene)] if scene else []
         told = self._memory_told.get(line.session_id)
@@ -745,7 +746,7 @@ class _TurnOutput:
         self.tool_calls: list[dict[str, Any]] = []
         self.history_open = False
         self.told: list[ChatMessage] = []
-        """The turn's context message (lore, scene), sent after the line in its prompts."""
+        """The turn's context message (lore, scene), sent just before the line."""
         """The exchange and tool note are in the history; only the follow-up is missing."""
         self._pieces: list[str] = []
         self._segment_open = False

@@ -115,14 +115,12 @@ class Cast:
         memory: Memory | None = None,
         knowledge: Knowledge | None = None,
     ) -> None:
-        for npc_id, persona in world.npcs.items():
-            npc_tools(npc_id, persona.tools)  # an unknown tool name fails here, at start
+        self.check_world(world)  # an unknown tool name fails here, at start
         self.memory = memory
         if memory is not None:
             memory.writer = self._write_summary
         self.knowledge = knowledge
         """Persona, lore and packing; None: the whole persona card, no lore."""
-        self.world = world
         self._world_changed(world)
         self.engine = engine
         self.intent_engine = intent_engine or engine
@@ -202,26 +200,28 @@ class Cast:
                 call.answer.cancel()
 
     def _world_changed(self, world: World) -> None:
-        self.world = world
+        self.world: World = world
         if self.memory is not None:
             self.memory.npcs = {
                 npc_id: NPCInfo(p.name.split(",")[0], f"a {p.archetype} in {world.name}")
                 for npc_id, p in world.npcs.items()
             }
 
-    def reload_world(self) -> None:
-        """Take the world `knowledge` has reloaded: new lines see the new cards and lore (each
-        actor rereads its persona at its next turn).
+    @staticmethod
+    def check_world(world: World) -> None:
+        """Refuse a world the cast cannot play.
 
         Raises:
             ToolArgumentError: a persona card lists a tool that does not exist.
         """
-        if self.knowledge is None:
-            return
-        world = self.knowledge.world
         for npc_id, persona in world.npcs.items():
             npc_tools(npc_id, persona.tools)
-        self._world_changed(world)
+
+    def reload_world(self) -> None:
+        """Take the world `knowledge` has reloaded (after `check_world`): new lines see the new
+        cards and lore (each actor rereads its persona at its next turn)."""
+        if self.knowledge is not None:
+            self._world_changed(self.knowledge.world)
 
     def phrase(self, npc_id: str, turn_id: str, text: str) -> None:
         """A phrase of a reply is ready for speech synthesis."""

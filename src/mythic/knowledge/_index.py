@@ -162,7 +162,8 @@ class Hit:
     score: float
     """The blended score that ranked it."""
     bm25: float
-    """BM25, normalised to the best candidate (0..1)."""
+    """BM25 normalised to the best candidate and scaled by the share of the query's words the
+    chunk has (0..1)."""
     cosine: float
     lines: tuple[float, ...] = ()
     """Cosine similarity of each of the chunk's lines after the title (dense modes)."""

@@ -263,17 +263,23 @@ class Knowledge:
             seconds=time.perf_counter() - start,
         )
 
-    def reload(self, world: World | None = None) -> ReloadReport:
+    def reload(
+        self, world: World | None = None, *, check: Callable[[World], None] | None = None
+    ) -> ReloadReport:
         """Load the world again from its folder (or use `world`) and swap it in; shards whose
         files did not change keep their vectors, and changed chunks are embedded once.
+        `check(world)` may refuse the new world (by raising) before anything is swapped.
 
         Raises:
             WorldLoadError: the world's cards are broken now; the old world stays in use.
+            Exception: what `check` raised; the old world stays in use.
         """
         with self._reload_lock:
             try:
                 limit = self.settings.max_lore_bytes
                 new = world or load_world(self.world.path, max_lore_bytes=limit)
+                if check is not None:
+                    check(new)
                 report = self._build(new)
             except Exception as exc:
                 self.stats.reload_failures += 1
@@ -298,7 +304,12 @@ class Knowledge:
         assert self._state is not None
         return snapshot(self._state.world.path) != self._state.files
 
-    async def watch(self, on_reload: Callable[[ReloadReport], None] | None = None) -> None:
+    async def watch(
+        self,
+        on_reload: Callable[[ReloadReport], None] | None = None,
+        *,
+        check: Callable[[World], None] | None = None,
+    ) -> None:
         """Reload the world whenever its files change, until cancelled. Checks and reloads run
         in a worker thread; a broken edit is logged and the old world kept."""
         interval = self.settings.watch_interval_s
@@ -310,7 +321,7 @@ class Knowledge:
             if files == self._state.files or files == failed_at:
                 continue
             try:
-                report = await asyncio.to_thread(self.reload)
+                report = await asyncio.to_thread(self.reload, check=check)
             except Exception as exc:  # noqa: BLE001 - a broken edit must not stop the watcher
                 failed_at = files
                 log.warning("world not reloaded, the previous one stays in use: %s", exc)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mythic._errors import MythicError
 from mythic.config import MythicSettings
 from mythic.contracts import MAX_TEXT_CHARS, LLMStreamDelta, PlayerUtterance, ServerMessage
-from mythic.dialogue import Cast, MailboxFullError, TurnRecord, UnknownNPCError
+from mythic.dialogue import Cast, MailboxFullError, ToolArgumentError, TurnRecord, UnknownNPCError
 from mythic.engine import ChatMessage, Engine, GenerationRequest, Priority, Sampling
 from mythic.knowledge import Knowledge, World, WorldLoadError
 from mythic.memory import CardError, Memory, MemoryStoreError
@@ -132,14 +132,17 @@ class Gateway:
 
         Raises:
             WorldLoadError: the world's cards are broken now; the old world stays in play.
+            ToolArgumentError: a card names a tool that does not exist; likewise.
         """
-        report = await asyncio.to_thread(self.knowledge.reload)
+        report = await asyncio.to_thread(self.knowledge.reload, check=self.cast.check_world)
         self.cast.reload_world()
         return _report(self.knowledge, report)
 
     async def watch_world(self) -> None:
         """Reload the world when its files change, until cancelled."""
-        await self.knowledge.watch(lambda _report: self.cast.reload_world())
+        await self.knowledge.watch(
+            lambda _report: self.cast.reload_world(), check=self.cast.check_world
+        )
 
     def send(self, session_id: str, message: ServerMessage) -> None:
         self.sessions.send(session_id, message)
@@ -419,6 +422,8 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
         except WorldLoadError as exc:
             problems = [str(p) for p in exc.problems]
             raise HTTPException(422, {"message": exc.message, "problems": problems}) from None
+        except ToolArgumentError as exc:
+            raise HTTPException(422, {"message": exc.message, "problems": [exc.message]}) from None
 
     @app.get("/v1/world")
     async def world_status() -> dict[str, Any]:
