@@ -96,6 +96,7 @@ bench: setup
 	$(PY) bench/engine_single.py
 	$(PY) bench/engine_concurrency.py
 	$(PY) bench/retrieval.py
+	$(PY) bench/tiers.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

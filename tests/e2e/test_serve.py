@@ -20,7 +20,7 @@ from tests.e2e.test_cli import mythic
 
 pytestmark = pytest.mark.e2e
 
-# SmolLM2 talks (fast); decisions stay on the default 0.5B intent model.
+# SmolLM2 talks (fast), and so decides too: the server as a user starts it with one model.
 ENV = {
     "MYTHIC_ENGINE__DIALOGUE_MODEL": "smollm2-135m-instruct",
     "MYTHIC_CHAT__MAX_TOKENS": "32",

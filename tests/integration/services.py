@@ -49,6 +49,13 @@ async def redis_prefix() -> AsyncIterator[str]:
 @pytest.fixture
 async def postgres_dsn() -> AsyncIterator[str]:
     """A DSN on the real PostgreSQL whose search_path is a fresh schema, dropped afterwards."""
+    async with fresh_schema() as dsn:
+        yield dsn
+
+
+@contextlib.asynccontextmanager
+async def fresh_schema() -> AsyncIterator[str]:
+    """What `postgres_dsn` yields, for fixtures that choose the database by parameter."""
     import asyncpg
 
     try:

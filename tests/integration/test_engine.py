@@ -251,6 +251,7 @@ class Intent(BaseModel):
     say: str = Field(max_length=40)
 
 
+@pytest.mark.timeout(900)  # 200 sampled replies of up to 96 tokens: 3-4 minutes on 2 cores
 async def test_two_hundred_schema_constrained_intents_all_parse_and_validate(
     smollm: Engine,
 ) -> None:

@@ -16,7 +16,13 @@ import pytest
 from websockets.asyncio.client import connect
 
 from mythic.client import ConnectionLostError, MythicClient, ToolResult
-from mythic.config import MythicSettings
+from mythic.config import (
+    EndpointSettings,
+    MythicSettings,
+    RouteRule,
+    TierSettings,
+    effective_route,
+)
 from mythic.contracts import (
     Cutoff,
     Error,
@@ -28,6 +34,7 @@ from mythic.contracts import (
 from mythic.engine import Engine
 from mythic.knowledge import load_world
 from mythic.memory import Memory
+from mythic.route import EmbeddedEndpoint, Endpoint, Router
 from mythic.server import Gateway, serving
 from tests.conftest import EXAMPLE_WORLD
 
@@ -48,6 +55,27 @@ def engines(smollm: Engine, qwen: Engine) -> tuple[Engine, Engine]:
     return smollm, qwen
 
 
+def talk_and_decide(settings: MythicSettings, talk: Engine, decide: Engine) -> Router:
+    """Dialogue on `talk`; the per-line decision (intent and tool) and the game's intents and
+    barks on `decide`, through a tier of its own."""
+    route = settings.route.model_copy(
+        update={
+            "endpoints": {"decide": EndpointSettings(model="decide")},
+            "tiers": {
+                "gold": TierSettings(endpoints=["decide"], retrieval=False),
+                "decide": TierSettings(endpoints=["decide"], tools=True, retrieval=False),
+            },
+            "rules": [RouteRule(tier="decide", kinds=["tool_decision"])],
+        }
+    )
+    effective = effective_route(settings.model_copy(update={"route": route}))
+    endpoints: dict[str, Endpoint] = {
+        name: EmbeddedEndpoint(name, endpoint, decide if name == "decide" else talk)
+        for name, endpoint in effective.endpoints.items()
+    }
+    return Router(effective, endpoints)
+
+
 @contextlib.asynccontextmanager
 async def running(
     engines: tuple[Engine, Engine],
@@ -64,7 +92,11 @@ async def running(
         name: getattr(settings, name).model_copy(update=values) for name, values in sections.items()
     }
     effective = settings.model_copy(update=updates)
-    gateway = Gateway(effective, load_world(world), *engines, on_phrase=on_phrase, memory=memory)
+    talk, decide = engines
+    router = talk_and_decide(effective, talk, decide)
+    gateway = Gateway(
+        effective, load_world(world), router=router, on_phrase=on_phrase, memory=memory
+    )
     async with serving(gateway) as (host, port):
         yield f"{host}:{port}", gateway
 

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.unit
 def test_defaults(no_config_env: Path) -> None:
     settings = load_settings()
     assert settings.engine.dialogue_model == "qwen2.5-coder-0.5b-instruct"
-    assert settings.engine.intent_model == "qwen2.5-coder-0.5b-instruct"
+    assert settings.engine.intent_model == "smollm2-135m-instruct"
+    assert settings.engine.bronze_model == "auto"
     assert settings.chat.history_turns == 16
     assert settings.world.path is None
 

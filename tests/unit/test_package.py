@@ -36,11 +36,12 @@ ALLOWED: dict[str, set[str]] = {
     "engine": BASE,
     "knowledge": BASE,
     "memory": BASE,
-    "dialogue": BASE | {"engine", "knowledge", "memory"},
-    "server": BASE | {"engine", "knowledge", "memory", "dialogue"},
+    "route": BASE | {"engine", "knowledge", "memory"},
+    "dialogue": BASE | {"engine", "knowledge", "memory", "route"},
+    "server": BASE | {"engine", "knowledge", "memory", "route", "dialogue"},
     # A game vendors the client without the server: it may import only the wire contracts.
     "client": {"_errors", "_extras", "contracts"},
-    "cli": BASE | {"engine", "knowledge", "memory", "dialogue", "server", "client"},
+    "cli": BASE | {"engine", "knowledge", "memory", "route", "dialogue", "server", "client"},
 }
 HEAVY = ["llama_cpp", "torch", "numpy", "transformers", "redis", "asyncpg"]
 
@@ -48,7 +49,7 @@ HEAVY = ["llama_cpp", "torch", "numpy", "transformers", "redis", "asyncpg"]
 def test_import_loads_no_model_and_no_heavy_library() -> None:
     code = (
         "import sys, mythic, mythic.config, mythic.engine, mythic.knowledge, "
-        "mythic.memory, mythic.dialogue, mythic.cli\n"
+        "mythic.memory, mythic.route, mythic.dialogue, mythic.cli\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])"
     )
     result = subprocess.run(

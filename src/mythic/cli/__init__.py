@@ -50,6 +50,8 @@ app.add_typer(db_app, name="db")
 app.add_typer(memory_app, name="memory")
 eval_app = typer.Typer(help="Evaluate NPCs with probes through a real server: lore, style.")
 app.add_typer(eval_app, name="eval")
+jobs_app = typer.Typer(help="Bronze jobs (lore, quest, summary): submit, list, show, work.")
+app.add_typer(jobs_app, name="jobs")
 
 # markup=False: NPC names, player lines and paths may contain [brackets] that are not markup.
 out = Console(highlight=False, soft_wrap=True, markup=False)
@@ -275,11 +277,13 @@ def _with_memory(config: Path | None, work: Callable[[Any], Any]) -> Any:
     return _guard(lambda: asyncio.run(run()))
 
 
-def _http(method: str, url: str) -> Any:
+def _http(method: str, url: str, body: Any = None) -> Any:
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(url, method=method)
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"content-type": "application/json"} if data is not None else {}
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as reply:
             return json.loads(reply.read())
@@ -510,6 +514,216 @@ def eval_style(
 ) -> None:
     """Persona adherence: taboos not revealed, catchphrases used, reply length kept."""
     _eval("style", world, probes, modes, limit, npc, out_file, verbose, config)
+
+
+JobsServerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        "-s",
+        help="A running server's HTTP address (http://HOST:PORT). Default: the configured "
+        "queue directly (jobs.url, or the embedded SQLite queue).",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _with_jobs(config: Path | None, work: Callable[[Any], Any]) -> Any:
+    """Run `work(queue)` on the configured job queue."""
+    import asyncio
+
+    from mythic.route import open_queue
+
+    settings = _settings(config)
+
+    async def run() -> Any:
+        queue = open_queue(settings.jobs, settings.memory.data_dir)
+        try:
+            return await work(queue)
+        finally:
+            await queue.aclose()
+
+    return _guard(lambda: asyncio.run(run()))
+
+
+def _print_job(job: dict[str, Any]) -> None:
+    out.print(
+        f"{job['job_id']}  {job['kind']:<8} {job['status']:<8} attempts {job['attempts']}/"
+        f"{job['max_attempts']}" + (f"  error: {job['error']}" if job.get("error") else "")
+    )
+
+
+@jobs_app.command("submit")
+def jobs_submit(
+    kind: Annotated[str, typer.Argument(help="lore (worldbuilding), quest or summary.")],
+    topic: Annotated[str | None, typer.Option(help="lore: what the entry is about.")] = None,
+    zone: Annotated[str | None, typer.Option(help="lore: the zone it belongs to.")] = None,
+    npc: Annotated[
+        str | None, typer.Option("--npc", help="quest, summary (and lore): the NPC.")
+    ] = None,
+    hint: Annotated[str | None, typer.Option(help="Notes for the model.")] = None,
+    text: Annotated[str | None, typer.Option(help="summary: the text to summarize.")] = None,
+    title: Annotated[str | None, typer.Option(help="summary: its title.")] = None,
+    job_id: Annotated[
+        str | None, typer.Option("--id", help="Idempotency key (default: a new id).")
+    ] = None,
+    server: JobsServerOption = None,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Queue a bronze job; a worker generates its artifact and the NPCs learn it."""
+    given = {"topic": topic, "zone": zone, "npc_id": npc, "hint": hint, "text": text}
+    payload = {k: v for k, v in (given | {"title": title}).items() if v is not None}
+    if server:
+        body = {"kind": kind, "payload": payload, "job_id": job_id}
+        data = _http("POST", f"{server.rstrip('/')}/v1/jobs", body)
+    else:
+
+        async def work(queue: Any) -> Any:
+            job, created = await queue.submit(kind, payload, job_id=job_id)
+            return {**job.to_dict(), "created": created}
+
+        data = _with_jobs(config, work)
+    if as_json:
+        out.print(json.dumps(data, indent=2, ensure_ascii=False))
+        return
+    _print_job(data)
+    if not data["created"]:
+        out.print("  (already queued under this id: not queued again)")
+
+
+@jobs_app.command("list")
+def jobs_list(
+    status: Annotated[
+        str | None, typer.Option(help="queued, running, done or dead (the dead letters).")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    server: JobsServerOption = None,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Jobs, newest first."""
+    if status is not None and status not in ("queued", "running", "done", "dead"):
+        err.print(f"error: unknown status {status!r}: queued, running, done or dead", style="red")
+        raise typer.Exit(2)
+    if server:
+        query = f"?limit={limit}" + (f"&status={status}" if status else "")
+        jobs = _http("GET", f"{server.rstrip('/')}/v1/jobs{query}")["jobs"]
+    else:
+
+        async def work(queue: Any) -> Any:
+            return [job.to_dict() for job in await queue.list(status, limit=limit)]
+
+        jobs = _with_jobs(config, work)
+    if as_json:
+        out.print(json.dumps(jobs, indent=2, ensure_ascii=False))
+        return
+    for job in jobs:
+        _print_job(job)
+    if not jobs:
+        out.print("no jobs")
+
+
+@jobs_app.command("show")
+def jobs_show(
+    job_id: Annotated[str, typer.Argument(help="The job's id.")],
+    server: JobsServerOption = None,
+    as_json: JsonOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """One job and its artifact."""
+    if server:
+        data = _http("GET", f"{server.rstrip('/')}/v1/jobs/{job_id}")
+    else:
+
+        async def work(queue: Any) -> Any:
+            found = await queue.get(job_id)
+            if found is None:
+                return None
+            job, artifact = found
+            return {**job.to_dict(), "artifact": artifact.to_dict() if artifact else None}
+
+        data = _with_jobs(config, work)
+        if data is None:
+            err.print(f"error: no job {job_id!r}", style="red")
+            raise typer.Exit(1)
+    if as_json:
+        out.print(json.dumps(data, indent=2, ensure_ascii=False))
+        return
+    _print_job(data)
+    out.print(f"  payload: {json.dumps(data['payload'], ensure_ascii=False)}")
+    artifact = data.get("artifact")
+    if artifact:
+        out.print(f"  artifact: {artifact['title']}")
+        out.print(f"    {artifact['text']}")
+    if "applied" in data:
+        out.print(f"  in the NPCs' knowledge: {'yes' if data['applied'] else 'not yet'}")
+
+
+@jobs_app.command("work")
+def jobs_work(
+    world: Annotated[Path, typer.Option("--world", "-w", help="World folder.")],
+    once: Annotated[bool, typer.Option("--once", help="Work one due job, then exit.")] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Run a bronze worker outside the server (scale out: as many as you like, on the
+    PostgreSQL queue). The server picks up the artifacts."""
+    import asyncio
+
+    from mythic.knowledge import load_world
+    from mythic.route import JobWorker, open_queue, open_router
+
+    settings = _settings(config)
+    loaded = _guard(partial(load_world, world))
+
+    async def run() -> None:
+        router, engines = open_router(settings)
+        queue = open_queue(settings.jobs, settings.memory.data_dir)
+        worker = JobWorker(queue, router, lambda: loaded, settings.jobs)
+        router.start()
+        err.print(f"worker {worker.name} on {queue.where}")
+        try:
+            if once:
+                job = await worker.run_once()
+                out.print(f"{job.job_id}: {dict(worker.counts)}" if job else "no job due")
+            else:
+                await worker.run()
+        finally:
+            await router.aclose()
+            await queue.aclose()
+            for engine in engines:
+                engine.close()
+
+    try:
+        _guard(lambda: asyncio.run(run()))
+    except KeyboardInterrupt:
+        err.print("Stopped.")
+
+
+@app.command()
+def usage(
+    server: Annotated[
+        str, typer.Option("--server", "-s", help="The server's HTTP address.")
+    ] = "http://127.0.0.1:8765",
+    as_json: JsonOption = False,
+) -> None:
+    """Requests, tokens and model time per tier and per NPC, from a running server."""
+    data = _http("GET", f"{server.rstrip('/')}/v1/usage")
+    if as_json:
+        out.print(json.dumps(data, indent=2))
+        return
+    for title, rows in (("tier", data["tiers"]), ("npc", data["npcs"])):
+        out.print(
+            f"{title:<16} {'requests':>9} {'prompt tok':>11} {'gen tok':>9} {'seconds':>9}"
+            "  outcomes"
+        )
+        for name, row in rows.items():
+            outcomes = ", ".join(f"{k} {v}" for k, v in sorted(row["outcomes"].items()))
+            out.print(
+                f"{name:<16} {row['requests']:>9} {row['prompt_tokens']:>11} "
+                f"{row['completion_tokens']:>9} {row['seconds']:>9.2f}  {outcomes}"
+            )
+        out.print("")
 
 
 @app.command()

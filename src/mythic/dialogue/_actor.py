@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import time
+import zlib
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ from mythic.engine import (
 from mythic.knowledge import Query, SceneState
 from mythic.knowledge import SceneObject as KnownObject
 from mythic.memory import Fact, Memory
+from mythic.route import canned_line
 
 if TYPE_CHECKING:
     from mythic.dialogue._cast import Cast, ToolOutcome
@@ -427,8 +429,9 @@ class NPCActor:
         scene) and `## Scene`: one message just before the line, for this prompt only (the
         history keeps the exchange, not the lore). Retrieval runs in a worker thread."""
         knowledge = self.cast.knowledge
-        if knowledge is None or self.npc_id not in knowledge.world.npcs:
-            # No knowledge, or an NPC a reload removed while it still talks: the scene only.
+        if knowledge is None or not self.cast.retrieval or self.npc_id not in knowledge.world.npcs:
+            # No knowledge (or none on the dialogue tier), or an NPC a reload removed while
+            # it still talks: the scene only.
             scene = self.scene.describe()
             return [ChatMessage("system", scene)] if scene else []
         told = self._memory_told.get(line.session_id)
@@ -483,7 +486,12 @@ class NPCActor:
                 sampling=chat_sampling(self.cast.settings.chat),
             )
             try:
-                stream = self.cast.engine.submit(request)
+                stream = await self.cast.router.open(
+                    request,
+                    "tool_dialogue" if out.tool_calls else "dialogue",
+                    archetype=self.persona.archetype,
+                    canned=self.canned(out.line.turn_id),
+                )
                 break
             except ContextOverflowError:
                 drop += 1
@@ -493,6 +501,14 @@ class NPCActor:
                     yield delta.text
                 if delta.finish_reason == "length":
                     out.reason = "length"
+
+    def canned(self, key: str) -> str:
+        """The NPC's line when no model can answer: one of the card's `fallback_lines`, else
+        a line in its archetype's voice."""
+        lines = self.persona.fallback_lines
+        if lines:
+            return lines[zlib.crc32(key.encode()) % len(lines)]
+        return canned_line(self.persona.archetype, key)
 
     # -- decisions: intent and tool -----------------------------------------------------------
 
@@ -549,8 +565,9 @@ class NPCActor:
             ),
         )
         try:
-            async with self.cast.intent_engine.submit(request) as stream:
-                done = await stream.collect()
+            done = await self.cast.router.complete(
+                request, "tool_decision", archetype=self.persona.archetype
+            )
             data = json.loads(done.text)
         except (RequestError, EngineError, ValueError) as exc:
             log.warning("decision for %s failed: %s", self.npc_id, exc)
@@ -715,8 +732,15 @@ class NPCActor:
                 max_tokens=self.cast.settings.dialogue.decision_max_tokens, temperature=0.0
             ),
         )
-        async with self.cast.intent_engine.submit(request) as stream:
-            done = await stream.collect()
+        canned: dict[str, Any] = {"intent": "chitchat", "target": None, "urgency": 0}
+        if ask.with_bark:
+            canned["bark"] = self.canned(ask.request_id)
+        done = await self.cast.router.complete(
+            request,
+            "bark" if ask.with_bark else "intent",
+            archetype=self.persona.archetype,
+            canned=json.dumps(canned),
+        )
         data = json.loads(done.text)
         bark = data.get("bark")
         if isinstance(bark, str):

@@ -33,9 +33,10 @@ from mythic.contracts import (
 from mythic.dialogue._actor import NPCActor
 from mythic.dialogue._events import AskIntent, PlayerLine, SceneChange, SessionGone, StopTurn
 from mythic.dialogue._tools import npc_tools
-from mythic.engine import ChatMessage, Engine, GenerationRequest, Priority, Sampling
+from mythic.engine import ChatMessage, GenerationRequest, Priority, Sampling
 from mythic.knowledge import Knowledge, World
 from mythic.memory import Memory, NPCInfo
+from mythic.route import Router
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +107,10 @@ class Cast:
     def __init__(
         self,
         world: World,
-        engine: Engine,
+        router: Router,
         settings: MythicSettings,
         outbox: Outbox,
         *,
-        intent_engine: Engine | None = None,
         on_phrase: Callable[[str, str, str], None] | None = None,
         memory: Memory | None = None,
         knowledge: Knowledge | None = None,
@@ -122,8 +122,9 @@ class Cast:
         self.knowledge = knowledge
         """Persona, lore and packing; None: the whole persona card, no lore."""
         self._world_changed(world)
-        self.engine = engine
-        self.intent_engine = intent_engine or engine
+        self.router = router
+        self.retrieval = router.tier_of("dialogue").retrieval
+        """Whether the dialogue tier gets lore retrieval."""
         self.settings = settings
         self.send = outbox
         self.stats = DialogueStats()
@@ -232,7 +233,7 @@ class Cast:
     async def _write_summary(
         self, system: str, user: str, schema: dict[str, Any], max_tokens: int
     ) -> str:
-        """Memory's summarizer: one constrained request at the lowest priority (bronze)."""
+        """Memory's summarizer: one constrained request on the bronze tier."""
         request = GenerationRequest(
             npc_id="_memory",
             session_id="summary",
@@ -241,8 +242,7 @@ class Cast:
             json_schema=schema,
             sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
         )
-        async with self.engine.submit(request) as stream:
-            done = await stream.collect()
+        done = await self.router.complete(request, "summary")
         return done.text
 
     # -- tool calls ---------------------------------------------------------------------------

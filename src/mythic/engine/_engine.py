@@ -306,6 +306,8 @@ class Engine:
             raise InvalidRequestError("top_p must be in (0, 1], top_k >= 0, repeat_penalty > 0")
         if any(not stop for stop in s.stop):
             raise InvalidRequestError("stop strings must not be empty")
+        if request.continue_text and request.messages is None:
+            raise InvalidRequestError("continue_text needs messages, not a raw prompt")
         if request.json_schema is not None and request.grammar is not None:
             raise InvalidRequestError("give a JSON schema or a grammar, not both")
         adapter_key = self._adapter_key(request.adapters)
@@ -375,6 +377,10 @@ class Engine:
                 fix="set engine.chat_format for a GGUF whose template is not recognised",
             )
         tokens = self._render(messages)
+        if request.continue_text:
+            tokens += self.backend.tokenize(
+                request.continue_text, add_special=False, parse_special=False
+            )
         system = [m for m in messages if m.role == "system"]
         prefix_len = 0
         if system and len(system) < len(messages):
@@ -414,6 +420,10 @@ class Engine:
         while len(rest) > 1:
             rest = rest[1:]
             tokens = self._render([*system, *rest])
+            if request.continue_text:
+                tokens += self.backend.tokenize(
+                    request.continue_text, add_special=False, parse_special=False
+                )
             if len(tokens) <= budget:
                 return tokens, prefix_len
         raise ContextOverflowError(
@@ -670,6 +680,11 @@ class Engine:
             self.backend.free_sampler(active.sampler)
 
     # -- lifecycle and metrics -----------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine takes requests (not closed, its worker not dead)."""
+        return not self._closing and self._dead is None and self._thread.is_alive()
 
     def close(self) -> None:
         """Stop the worker, fail unfinished requests with `EngineClosedError`, free the model."""

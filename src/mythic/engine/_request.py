@@ -39,6 +39,9 @@ class GenerationRequest:
     """Constrain the output to a GBNF grammar (root rule `root`)."""
     adapters: Mapping[str, float] = field(default_factory=dict)
     """LoRA adapters to apply, by loaded name, with their scales."""
+    continue_text: str = ""
+    """Reply text already given (by an endpoint that failed mid-stream): the prompt ends with
+    it and the generation continues it. Only with `messages`."""
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -82,6 +85,21 @@ class Completion:
     prompt_tokens: int
     cached_tokens: int
     timing: Timing
+
+    @classmethod
+    def from_deltas(cls, request_id: str, deltas: Sequence[Delta]) -> Completion:
+        """The reply of a finished stream's deltas (the last one has the finish reason)."""
+        last = deltas[-1]
+        assert last.finish_reason is not None
+        return cls(
+            request_id=request_id,
+            text="".join(d.text for d in deltas),
+            finish_reason=last.finish_reason,
+            tokens=sum(d.tokens for d in deltas),
+            prompt_tokens=last.prompt_tokens,
+            cached_tokens=last.cached_tokens,
+            timing=last.timing,
+        )
 
 
 StreamItem = Delta | BaseException
@@ -141,7 +159,7 @@ class RequestStream(_Stream):
 
     async def collect(self) -> Completion:
         """Wait for the whole reply."""
-        return _collect(self.request_id, [delta async for delta in self])
+        return Completion.from_deltas(self.request_id, [delta async for delta in self])
 
     async def __aenter__(self) -> RequestStream:
         return self
@@ -167,18 +185,4 @@ class SyncRequestStream(_Stream):
 
     def collect(self) -> Completion:
         """Wait for the whole reply."""
-        return _collect(self.request_id, list(self))
-
-
-def _collect(request_id: str, deltas: list[Delta]) -> Completion:
-    last = deltas[-1]
-    assert last.finish_reason is not None
-    return Completion(
-        request_id=request_id,
-        text="".join(d.text for d in deltas),
-        finish_reason=last.finish_reason,
-        tokens=sum(d.tokens for d in deltas),
-        prompt_tokens=last.prompt_tokens,
-        cached_tokens=last.cached_tokens,
-        timing=last.timing,
-    )
+        return Completion.from_deltas(self.request_id, list(self))

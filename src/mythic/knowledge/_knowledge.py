@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,7 +30,7 @@ from mythic.knowledge._pack import (
     persona_lines,
 )
 from mythic.knowledge._tokens import TokenCounter, approx_tokens
-from mythic.knowledge._world import LORE_SUFFIXES, World, load_world
+from mythic.knowledge._world import LORE_SUFFIXES, LoreDoc, World, load_world
 
 if TYPE_CHECKING:
     from mythic.knowledge._embed import Embedder
@@ -49,10 +49,16 @@ def _rel(world: World, path: Path) -> str:
 
 
 def world_chunks(
-    world: World, *, size: int, overlap: int, count: TokenCounter
+    world: World,
+    *,
+    size: int,
+    overlap: int,
+    count: TokenCounter,
+    extra: Sequence[LoreDoc] = (),
 ) -> dict[str, list[Chunk]]:
     """The world's knowledge cut into chunks, by shard: `_world` (the premise, the zones and
-    the lore in `lore/` itself) and one shard per zone."""
+    the lore in `lore/` itself) and one shard per zone. `extra` lore (bronze artifacts) joins
+    its zone's shard, or `_world` when the world has no such zone."""
     groups: dict[str, list[Chunk]] = {WORLD_SHARD: []}
     for zone in world.card.zones:
         groups[zone] = []
@@ -71,10 +77,11 @@ def world_chunks(
         count=count,
     )
     seen: dict[str, int] = {}
-    for doc in world.lore:
+    for doc in (*world.lore, *extra):
         rel = _rel(world, doc.path)
         n = seen[rel] = seen.get(rel, -1) + 1  # a YAML file may hold several documents
-        groups[doc.zone or WORLD_SHARD] += chunk_text(
+        shard = doc.zone if doc.zone in groups else WORLD_SHARD
+        groups[shard] += chunk_text(
             doc.text,
             id_prefix=f"{rel}:{n}" if n else rel,
             title=doc.title,
@@ -180,6 +187,8 @@ class Knowledge:
         """Goes up with each successful reload: actors refresh their personas when it moves."""
         self._reload_lock = threading.Lock()
         self._state: _State | None = None
+        self._extra: dict[str, LoreDoc] = {}
+        """Lore added at run time (bronze artifacts), by path; kept across reloads."""
         self.last_report = self._build(world)
 
     @property
@@ -200,7 +209,11 @@ class Knowledge:
         embedded_before = self._cache.embedded if self._cache else 0
         files = snapshot(world.path)
         groups: dict[str, list[Chunk]] = world_chunks(
-            world, size=s.chunk_tokens, overlap=s.chunk_overlap, count=self.count
+            world,
+            size=s.chunk_tokens,
+            overlap=s.chunk_overlap,
+            count=self.count,
+            extra=list(self._extra.values()),
         )
         personas: dict[str, str | None] = {}
         for npc_id, persona in world.npcs.items():
@@ -298,6 +311,31 @@ class Knowledge:
                 report.seconds,
             )
             return report
+
+    def add_documents(self, docs: Sequence[LoreDoc]) -> ReloadReport | None:
+        """Add lore made at run time (bronze artifacts) to the indexes; a document whose path
+        is already known replaces the old one, an identical one changes nothing (None). Only
+        the shards they join are re-embedded. Blocking: call it in a worker thread."""
+        with self._reload_lock:
+            new = {str(doc.path): doc for doc in docs if self._extra.get(str(doc.path)) != doc}
+            if not new:
+                return None
+            self._extra.update(new)
+            report = self._build(self.world)
+            self.generation += 1
+            self.last_report = report
+            log.info(
+                "%d run-time lore documents added: shards changed: %s, %d embedded",
+                len(new),
+                ", ".join(report.shards_changed) or "none",
+                report.embedded,
+            )
+            return report
+
+    @property
+    def added(self) -> int:
+        """Run-time lore documents (bronze artifacts) in the indexes."""
+        return len(self._extra)
 
     def changed(self) -> bool:
         """Whether a file of the world changed since the last build."""

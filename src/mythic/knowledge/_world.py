@@ -55,6 +55,9 @@ class Persona(_Card):
     """Things the NPC never says or reveals."""
     catchphrases: list[Text] = Field(default_factory=list, max_length=32)
     """Words or phrases the NPC likes to use."""
+    fallback_lines: list[Text] = Field(default_factory=list, max_length=16)
+    """What the NPC says when no model can answer (every endpoint down); default: a line in
+    its archetype's voice."""
     voice_id: Slug | None = None
     """The voice profile for speech."""
     backstory: (

@@ -19,8 +19,16 @@ class SqliteWorker:
 
     `setup(db)` runs once when the connection opens (schema, pragmas)."""
 
-    def __init__(self, path: Path, what: str, setup: Callable[[sqlite3.Connection], None]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        what: str,
+        setup: Callable[[sqlite3.Connection], None],
+        *,
+        error: type[Exception] = MemoryStoreError,
+    ) -> None:
         self.path = path
+        self.error = error
         self.what = what
         self._setup = setup
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="mythic-sqlite")
@@ -36,7 +44,7 @@ class SqliteWorker:
                 db.execute("PRAGMA busy_timeout=5000")
                 self._setup(db)
             except (OSError, sqlite3.Error) as exc:
-                raise MemoryStoreError(f"cannot open the {self.what} {self.path}: {exc}") from exc
+                raise self.error(f"cannot open the {self.what} {self.path}: {exc}") from exc
             self._db = db
         return self._db
 
@@ -44,7 +52,7 @@ class SqliteWorker:
         """Run `fn(db)` in one transaction on the worker thread.
 
         Raises:
-            MemoryStoreError: the file cannot be opened or the statement failed.
+            MemoryStoreError (or `error`): the file cannot be opened or the statement failed.
         """
 
         def work() -> T:
@@ -59,7 +67,7 @@ class SqliteWorker:
                 db.execute("COMMIT")
                 return result
             except sqlite3.Error as exc:
-                raise MemoryStoreError(f"{self.what} {self.path}: {what} failed: {exc}") from exc
+                raise self.error(f"{self.what} {self.path}: {what} failed: {exc}") from exc
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, work)
 

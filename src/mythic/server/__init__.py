@@ -121,25 +121,27 @@ def serve(
     """
     import uvicorn
 
-    from mythic.engine import Engine
     from mythic.knowledge import load_world
+    from mythic.route import open_queue, open_router
 
     world = load_world(world_path, max_lore_bytes=settings.knowledge.max_lore_bytes)
     for problem in world.skipped:
         announce(f"lore skipped: {problem}")
     server_settings = settings.server
     sock = bind(server_settings.host, server_settings.port)
-    engine = Engine.load(settings.engine)
-    intent_engine = None
+    engines: list[Any] = []
     try:
-        if settings.engine.intent_model != settings.engine.dialogue_model:
-            intent_engine = Engine.load(settings.engine, settings.engine.intent_model)
+        router, engines = open_router(settings)
+        for name, tier in router.route.tiers.items():
+            where = ", ".join(_describe(router, e) for e in tier.endpoints)
+            announce(f"  tier {name}: {where}")
         memory = None
         if settings.memory.enabled:
             from mythic.memory import Memory
 
             memory = Memory(settings.memory)
-        gateway = Gateway(settings, world, engine, intent_engine, memory=memory)
+        jobs = open_queue(settings.jobs, settings.memory.data_dir)
+        gateway = Gateway(settings, world, router=router, jobs=jobs, memory=memory)
         app = create_app(gateway)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
@@ -150,11 +152,18 @@ def serve(
             f"  talk:      mythic chat --server ws://{shown}:{port}/v1/ws --npc {first}\n"
             f"  or:        curl -s -X POST http://{shown}:{port}/v1/npcs/{first}/say "
             "-H 'content-type: application/json' -d '{\"text\": \"Hello\"}'\n"
+            f"  jobs:      mythic jobs submit lore --topic 'The Sunken Bell'   ({jobs.where})\n"
             f"  NPCs: {', '.join(sorted(world.npcs))}"
         )
         uvicorn.Server(_uvicorn_config(app, gateway)).run(sockets=[sock])
     finally:
         sock.close()
-        engine.close()
-        if intent_engine is not None:
-            intent_engine.close()
+        for engine in engines:
+            engine.close()
+
+
+def _describe(router: Any, name: str) -> str:
+    endpoint = router.states[name].endpoint
+    if endpoint.settings.url:
+        return f"{name} ({endpoint.settings.model} at {endpoint.settings.url})"
+    return f"{name} ({endpoint.engine.backend.name}, embedded)"

@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import FastAPI, HTTPException, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -20,8 +20,20 @@ from mythic.config import MythicSettings
 from mythic.contracts import MAX_TEXT_CHARS, LLMStreamDelta, PlayerUtterance, ServerMessage
 from mythic.dialogue import Cast, MailboxFullError, ToolArgumentError, TurnRecord, UnknownNPCError
 from mythic.engine import ChatMessage, Engine, GenerationRequest, Priority, Sampling
-from mythic.knowledge import Knowledge, World, WorldLoadError
+from mythic.knowledge import Knowledge, World, WorldLoadError, approx_tokens
 from mythic.memory import CardError, Memory, MemoryStoreError
+from mythic.route import (
+    Artifact,
+    ArtifactFollower,
+    Job,
+    JobError,
+    JobQueue,
+    JobStoreError,
+    JobWorker,
+    Router,
+    local_router,
+    validate_job,
+)
 from mythic.server._sessions import Session, Sessions
 
 if TYPE_CHECKING:
@@ -65,6 +77,21 @@ class SayReply(BaseModel):
     intent: str | None
 
 
+JobStatusName = Literal["queued", "running", "done", "dead"]
+
+
+class JobRequest(BaseModel):
+    """`POST /v1/jobs`: a bronze job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(min_length=1, max_length=32)
+    """`lore`, `quest` or `summary`."""
+    payload: dict[str, Any] = Field(default_factory=dict)
+    job_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    """Idempotency key: submitting it again returns the job already queued."""
+
+
 class WarmupRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -73,20 +100,25 @@ class WarmupRequest(BaseModel):
 
 
 class Gateway:
-    """What the app's routes share: settings, the world, the engines, the cast, the sessions."""
+    """What the app's routes share: settings, the world, the router, the cast, the sessions."""
 
     def __init__(
         self,
         settings: MythicSettings,
         world: World,
-        engine: Engine,
+        engine: Engine | None = None,
         intent_engine: Engine | None = None,
         *,
+        router: Router | None = None,
+        jobs: JobQueue | None = None,
         on_phrase: Callable[[str, str, str], None] | None = None,
         memory: Memory | None = None,
         knowledge: Knowledge | None = None,
     ) -> None:
-        """`on_phrase(npc_id, turn_id, text)` receives each phrase of a reply, ready for
+        """Requests go through `router` (tiers, endpoints, fallback); without one, every tier
+        runs on `engine`, gold on `intent_engine` when given. `jobs`: the bronze job queue
+        (the app runs `jobs.workers` workers and applies artifacts to the knowledge; None: no
+        jobs). `on_phrase(npc_id, turn_id, text)` receives each phrase of a reply, ready for
         speech synthesis. `memory`: the NPCs remember players across sessions (the app starts
         and closes it). `knowledge`: persona, lore and packing (None: built here from
         `settings.knowledge`, counting tokens with the dialogue model's tokenizer).
@@ -95,11 +127,22 @@ class Gateway:
             MissingExtraError: the retrieval mode needs the rag extra, which is missing.
         """
         self.settings = settings
+        if router is None:
+            if engine is None:
+                raise ValueError("give an engine or a router")
+            router = local_router(settings, engine, intent_engine)
+        self.router = router
+        self.engine = engine or router.engine_for("dialogue")
+        """The dialogue tier's embedded engine (None when dialogue is remote only)."""
         if knowledge is None:
-            knowledge = Knowledge(world, settings.knowledge, count=token_counter(engine))
+            count = token_counter(self.engine) if self.engine is not None else approx_tokens
+            knowledge = Knowledge(world, settings.knowledge, count=count)
         self.knowledge = knowledge
-        self.engine = engine
-        self.intent_engine = intent_engine or engine
+        self.jobs = jobs
+        self.workers: list[JobWorker] = []
+        self.follower = (
+            ArtifactFollower(jobs, knowledge, poll_s=settings.jobs.poll_s) if jobs else None
+        )
         self.metrics = GatewayMetrics()
         server = settings.server
         self.sessions = Sessions(
@@ -110,10 +153,9 @@ class Gateway:
         self.memory = memory
         self.cast = Cast(
             world,
-            engine,
+            router,
             settings,
             self.send,
-            intent_engine=intent_engine,
             on_phrase=on_phrase,
             memory=memory,
             knowledge=knowledge,
@@ -143,6 +185,55 @@ class Gateway:
         await self.knowledge.watch(
             lambda _report: self.cast.reload_world(), check=self.cast.check_world
         )
+
+    def start_jobs(self, tasks: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
+        """Start the artifact follower and `jobs.workers` bronze workers."""
+        if self.jobs is None or self.follower is None:
+            return []
+        follower = self.follower
+        started = [tasks.create_task(follower.run(), name="mythic-artifacts")]
+
+        def done(_job: Job, _artifact: Artifact) -> None:
+            follower.wake()
+
+        for i in range(self.settings.jobs.workers):
+            worker = JobWorker(
+                self.jobs,
+                self.router,
+                lambda: self.world,
+                self.settings.jobs,
+                name=f"server-{i}",
+                on_done=done,
+            )
+            self.workers.append(worker)
+            started.append(tasks.create_task(worker.run(), name=f"mythic-worker-{i}"))
+        return started
+
+    async def submit_job(self, kind: str, payload: object, job_id: str | None) -> dict[str, Any]:
+        """Queue a bronze job (idempotent by `job_id`) and wake a worker.
+
+        Raises:
+            JobError: unknown kind, invalid payload, or an NPC or zone the world lacks.
+            JobStoreError: the queue cannot be reached.
+        """
+        assert self.jobs is not None
+        data = validate_job(kind, payload)
+        if data.get("npc_id") is not None and data["npc_id"] not in self.world.npcs:
+            raise JobError(f"no NPC {data['npc_id']!r} in world {self.world.name!r}")
+        if data.get("zone") is not None and data["zone"] not in self.world.card.zones:
+            raise JobError(f"no zone {data['zone']!r} in world {self.world.name!r}")
+        job, created = await self.jobs.submit(kind, data, job_id=job_id)
+        for worker in self.workers:
+            worker.wake()
+        return {**self.job_status(job, None), "created": created}
+
+    def job_status(self, job: Job, artifact: Artifact | None) -> dict[str, Any]:
+        applied = self.follower is not None and job.job_id in self.follower.applied
+        return {
+            **job.to_dict(),
+            "artifact": artifact.to_dict() if artifact else None,
+            "applied": applied,
+        }
 
     def send(self, session_id: str, message: ServerMessage) -> None:
         self.sessions.send(session_id, message)
@@ -186,7 +277,7 @@ class Gateway:
     async def warmup(self, npcs: list[str]) -> float:
         """Run every engine once (and evaluate the listed NPCs' persona prompts); seconds."""
         start = time.perf_counter()
-        engines = {id(self.engine): self.engine, id(self.intent_engine): self.intent_engine}
+        engines = {id(e): e for e in self.router.engines().values()}
         for engine in engines.values():
             request = GenerationRequest(
                 npc_id="_warmup",
@@ -197,7 +288,7 @@ class Gateway:
             )
             async with engine.submit(request) as stream:
                 await stream.collect()
-        for npc_id in npcs:
+        for npc_id in npcs if self.engine is not None else []:
             actor = self.cast.actor(npc_id)
             request = GenerationRequest(
                 npc_id=npc_id,
@@ -206,6 +297,7 @@ class Gateway:
                 priority=Priority.SILVER,
                 sampling=Sampling(max_tokens=1, temperature=0.0),
             )
+            assert self.engine is not None
             async with self.engine.submit(request) as stream:
                 await stream.collect()
         self.ready = True
@@ -335,8 +427,10 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if gateway.memory is not None:
             await gateway.memory.start()
+        gateway.router.start()
         try:
             async with asyncio.TaskGroup() as tasks:
+                jobs = gateway.start_jobs(tasks)
                 reaper = tasks.create_task(gateway.reap())
                 warming = tasks.create_task(_warm(gateway)) if warm else None
                 watcher = (
@@ -347,6 +441,8 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
                 try:
                     yield
                 finally:
+                    for task in jobs:
+                        task.cancel()
                     reaper.cancel()
                     if watcher is not None:
                         watcher.cancel()
@@ -354,6 +450,9 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
                         warming.cancel()
                     await gateway.cast.aclose()
         finally:
+            if gateway.jobs is not None:
+                await gateway.jobs.aclose()
+            await gateway.router.aclose()
             if gateway.memory is not None:
                 await gateway.memory.aclose()
 
@@ -372,7 +471,12 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         """200 once the model is loaded and warmed, 503 before."""
-        body = {"ready": gateway.ready, "model": gateway.engine.backend.name}
+        engine = gateway.engine
+        body = {
+            "ready": gateway.ready,
+            "model": engine.backend.name if engine is not None else None,
+            "tiers": {name: tier.endpoints for name, tier in gateway.router.route.tiers.items()},
+        }
         return JSONResponse(body, status_code=200 if gateway.ready else 503)
 
     @app.post("/v1/warmup")
@@ -475,6 +579,69 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
         except CardError as exc:
             raise HTTPException(422, exc.message) from None
         return {"npc_id": npc_id, "player_id": player_id, "name": name, **stored.model_dump()}
+
+    def _jobs() -> JobQueue:
+        if gateway.jobs is None:
+            raise HTTPException(404, "bronze jobs are off on this server")
+        return gateway.jobs
+
+    @app.post("/v1/jobs", status_code=202)
+    async def jobs_submit(body: JobRequest) -> dict[str, Any]:
+        """Queue a bronze job: `lore` (worldbuilding), `quest` (storyteller) or `summary`.
+        The same `job_id` again returns the job already queued."""
+        _jobs()
+        try:
+            return await gateway.submit_job(body.kind, body.payload, body.job_id)
+        except JobError as exc:
+            raise HTTPException(422, exc.message) from None
+        except JobStoreError as exc:
+            raise HTTPException(503, exc.message) from None
+
+    @app.get("/v1/jobs")
+    async def jobs_list(status: JobStatusName | None = None, limit: int = 100) -> dict[str, Any]:
+        """Jobs, newest first; `status=dead` is the dead-letter list."""
+        try:
+            found = await _jobs().list(status, limit=max(1, min(limit, 1000)))
+        except JobStoreError as exc:
+            raise HTTPException(503, exc.message) from None
+        return {"jobs": [gateway.job_status(job, None) for job in found]}
+
+    @app.get("/v1/jobs/{job_id}")
+    async def jobs_show(job_id: str) -> dict[str, Any]:
+        """One job, its artifact, and whether the NPCs know it yet (`applied`)."""
+        try:
+            found = await _jobs().get(job_id)
+        except JobStoreError as exc:
+            raise HTTPException(503, exc.message) from None
+        if found is None:
+            raise HTTPException(404, f"no job {job_id!r}")
+        return gateway.job_status(*found)
+
+    @app.get("/v1/usage")
+    async def usage() -> dict[str, Any]:
+        """Requests, tokens and model time per tier and per NPC since the server started."""
+        return gateway.router.usage.summary()
+
+    @app.get("/v1/route")
+    async def route() -> dict[str, Any]:
+        """Tiers and endpoints: health, breaker state, requests in flight."""
+        router = gateway.router
+        return {
+            "tiers": {name: tier.model_dump() for name, tier in router.route.tiers.items()},
+            "endpoints": {
+                name: {
+                    "kind": state.endpoint.kind,
+                    "model": state.endpoint.settings.model,
+                    "url": state.endpoint.settings.url,
+                    "healthy": state.endpoint.healthy,
+                    "breaker": state.breaker.state.value,
+                    "outstanding": state.endpoint.outstanding,
+                    "requests": state.requests,
+                    "failures": state.failures,
+                }
+                for name, state in router.states.items()
+            },
+        }
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -10,7 +11,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from mythic.route import BreakerState
+
 if TYPE_CHECKING:
+    from mythic.engine import Engine
     from mythic.server._app import Gateway
 
 
@@ -83,9 +87,11 @@ class _GatewayCollector(Collector):
         if g.memory is not None:
             yield from _memory_metrics(g)
         yield from _knowledge_metrics(g)
-        engines = {"dialogue": g.engine}
-        if g.intent_engine is not g.engine:
-            engines["intent"] = g.intent_engine
+        yield from _route_metrics(g)
+        engines: dict[str, Engine] = {}
+        for name, engine in g.router.engines().items():
+            if all(engine is not e for e in engines.values()):
+                engines[name] = engine  # one engine may serve several endpoint names
         for role, engine in engines.items():
             em = engine.metrics()
             for name, doc, value in (
@@ -105,6 +111,85 @@ class _GatewayCollector(Collector):
                 gauge = GaugeMetricFamily(name, doc, labels=["engine"])
                 gauge.add_metric([role], value)
                 yield gauge
+
+
+def _route_metrics(g: Gateway) -> Iterator[Metric]:
+    router = g.router
+    requests = CounterMetricFamily(
+        "mythic_usage_requests",
+        "routed requests by tier, NPC, kind and outcome (ok, fallback, canned, invalid, ...)",
+        labels=["tier", "npc", "kind", "outcome"],
+    )
+    tokens = CounterMetricFamily(
+        "mythic_usage_tokens",
+        "tokens by tier, NPC and direction (prompt, completion)",
+        labels=["tier", "npc", "direction"],
+    )
+    seconds = CounterMetricFamily(
+        "mythic_usage_seconds", "request time by tier and NPC", labels=["tier", "npc"]
+    )
+    by_npc: dict[tuple[str, str], list[float]] = {}
+    for (tier, npc, kind), row in sorted(router.usage.rows.items()):
+        for outcome, n in sorted(row.outcomes.items()):
+            requests.add_metric([tier, npc, kind, outcome], n)
+        total = by_npc.setdefault((tier, npc), [0, 0, 0.0])
+        total[0] += row.prompt_tokens
+        total[1] += row.completion_tokens
+        total[2] += row.seconds
+    for (tier, npc), (prompt, completion, spent) in by_npc.items():
+        tokens.add_metric([tier, npc, "prompt"], prompt)
+        tokens.add_metric([tier, npc, "completion"], completion)
+        seconds.add_metric([tier, npc], spent)
+    yield requests
+    yield tokens
+    yield seconds
+    health = GaugeMetricFamily(
+        "mythic_endpoint_up", "1 while an endpoint passes its health check", labels=["endpoint"]
+    )
+    breaker = GaugeMetricFamily(
+        "mythic_endpoint_breaker_open",
+        "1 while an endpoint's circuit breaker is open or half-open",
+        labels=["endpoint"],
+    )
+    outstanding = GaugeMetricFamily(
+        "mythic_endpoint_outstanding", "requests in flight", labels=["endpoint"]
+    )
+    failures = CounterMetricFamily(
+        "mythic_endpoint_failures", "failed requests", labels=["endpoint"]
+    )
+    for name, state in sorted(router.states.items()):
+        health.add_metric([name], int(state.endpoint.healthy))
+        breaker.add_metric([name], int(state.breaker.state is not BreakerState.CLOSED))
+        outstanding.add_metric([name], state.endpoint.outstanding)
+        failures.add_metric([name], state.failures)
+    yield health
+    yield breaker
+    yield outstanding
+    yield failures
+    fallbacks = CounterMetricFamily(
+        "mythic_route_fallbacks",
+        "requests answered by a tier's fallback chain (an endpoint, or `canned`)",
+        labels=["tier", "to"],
+    )
+    for (tier, to), n in sorted(router.fallbacks.items()):
+        fallbacks.add_metric([tier, to], n)
+    yield fallbacks
+    if g.workers:
+        jobs = CounterMetricFamily(
+            "mythic_jobs", "bronze job attempts in this server, by outcome", labels=["outcome"]
+        )
+        totals: Counter[str] = Counter()
+        for worker in g.workers:
+            totals.update(worker.counts)
+        for outcome, n in sorted(totals.items()):
+            jobs.add_metric([outcome], n)
+        yield jobs
+    if g.follower is not None:
+        yield GaugeMetricFamily(
+            "mythic_jobs_artifacts_applied",
+            "bronze artifacts in the NPCs' knowledge",
+            value=len(g.follower.applied),
+        )
 
 
 def _memory_metrics(g: Gateway) -> Iterator[Metric]:

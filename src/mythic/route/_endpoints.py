@@ -1,0 +1,322 @@
+"""Where generation requests go: the embedded engine, or a remote OpenAI-compatible server.
+
+An endpoint streams `Delta`s for a `GenerationRequest` and says how it failed: an
+`EndpointError` (unreachable, timed out, overloaded, dropped mid-stream: worth trying elsewhere
+and counted by the circuit breaker) or an `InvalidRequestError` (this request does not suit this
+endpoint: not retried, not counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from mythic.config import EndpointSettings
+from mythic.engine import (
+    ContextOverflowError,
+    Delta,
+    EngineError,
+    FinishReason,
+    GenerationRequest,
+    InvalidRequestError,
+    Overloaded,
+    RequestError,
+    Timing,
+)
+
+if TYPE_CHECKING:
+    import httpx
+
+    from mythic.engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+class EndpointError(RequestError):
+    """An endpoint failed a request it should have served: unreachable, timed out, overloaded,
+    or the stream broke off. Another endpoint may serve it."""
+
+    retryable = True
+
+
+class EndpointRejectedError(InvalidRequestError):
+    """The endpoint refused this request as unsuitable (an HTTP 4xx, a constrained request it
+    cannot constrain); the next endpoint of the chain may take it."""
+
+
+class Endpoint(ABC):
+    """One place requests can go. `outstanding` is maintained by the router."""
+
+    kind: str
+    can_continue: bool = False
+    """Whether it can continue a partial reply (`GenerationRequest.continue_text`)."""
+
+    def __init__(self, name: str, settings: EndpointSettings) -> None:
+        self.name = name
+        self.settings = settings
+        self.healthy = True
+        self.outstanding = 0
+
+    @abstractmethod
+    def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        """The reply's deltas; the last has a finish reason.
+
+        Raises:
+            EndpointError: the endpoint failed (retryable elsewhere).
+            InvalidRequestError: this request does not suit this endpoint.
+            DeadlineExceeded, RequestCancelled: as from the engine.
+        """
+
+    @abstractmethod
+    async def check(self) -> bool:
+        """Whether the endpoint is up (health check); never raises."""
+
+    async def aclose(self) -> None:  # noqa: B027 - most endpoints hold nothing
+        """Release connections."""
+
+
+class EmbeddedEndpoint(Endpoint):
+    """The shared in-process engine."""
+
+    kind = "embedded"
+    can_continue = True
+
+    def __init__(self, name: str, settings: EndpointSettings, engine: Engine) -> None:
+        super().__init__(name, settings)
+        self.engine = engine
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        try:
+            submitted = self.engine.submit(request)
+        except Overloaded as exc:
+            raise EndpointError(f"{self.name}: {exc.message}") from exc
+        except EngineError as exc:  # closed, or its worker died
+            raise EndpointError(f"{self.name}: {exc}") from exc
+        async with submitted:
+            try:
+                async for delta in submitted:
+                    yield delta
+            except EngineError as exc:  # a failed model step: the engine has recovered
+                raise EndpointError(f"{self.name}: {exc}") from exc
+
+    async def check(self) -> bool:
+        return self.engine.alive
+
+
+_RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+class OpenAIEndpoint(Endpoint):
+    """A remote OpenAI-compatible server: streaming chat completions over HTTP.
+
+    LoRA adapters are chosen by model name, as vLLM's multi-LoRA serving does: a request for
+    adapter `vampire` is sent as model `vampire` (or the name `adapters` maps it to).
+    """
+
+    kind = "openai"
+
+    def __init__(
+        self, name: str, settings: EndpointSettings, client: httpx.AsyncClient | None = None
+    ) -> None:
+        super().__init__(name, settings)
+        assert settings.url is not None
+        self.base = settings.url.rstrip("/")
+        self.can_continue = settings.continue_final_message
+        self._client = client
+        self._own_client = client is None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            import httpx
+
+            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+            self._client = httpx.AsyncClient(limits=limits)
+        return self._client
+
+    def _headers(self) -> dict[str, str]:
+        env = self.settings.api_key_env
+        key = os.environ.get(env) if env else None
+        return {"authorization": f"Bearer {key}"} if key else {}
+
+    def body(self, request: GenerationRequest) -> dict[str, Any]:
+        """The chat completion request for `request`.
+
+        Raises:
+            EndpointRejectedError: the request needs what this endpoint cannot do.
+        """
+        if request.messages is None:
+            raise EndpointRejectedError(f"{self.name} takes chat messages, not a raw prompt")
+        s = request.sampling
+        model = self.settings.model
+        adapters = [name for name, scale in request.adapters.items() if scale]
+        if len(adapters) > 1:
+            raise EndpointRejectedError(f"{self.name} serves one LoRA adapter per request")
+        if adapters:
+            model = self.settings.adapters.get(adapters[0], adapters[0])
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+        }
+        if s.top_k:
+            body["top_k"] = s.top_k
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.stop:
+            body["stop"] = list(s.stop)
+        if request.continue_text:
+            if not self.can_continue:
+                raise EndpointRejectedError(f"{self.name} cannot continue a partial reply")
+            messages.append({"role": "assistant", "content": request.continue_text})
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
+        dialect = self.settings.json_schema
+        if request.json_schema is not None:
+            schema = request.json_schema
+            if isinstance(schema, str):
+                schema = json.loads(schema)
+            if dialect == "openai":
+                body["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "output", "schema": schema, "strict": True},
+                }
+            elif dialect == "llama.cpp":
+                body["response_format"] = {"type": "json_object", "schema": schema}
+            else:
+                raise EndpointRejectedError(f"{self.name} cannot constrain output to a JSON schema")
+        if request.grammar is not None:
+            if dialect == "llama.cpp":
+                body["grammar"] = request.grammar
+            elif dialect == "openai":
+                body["guided_grammar"] = request.grammar  # vLLM
+            else:
+                raise EndpointRejectedError(f"{self.name} cannot constrain output to a grammar")
+        return body
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        import httpx
+
+        body = self.body(request)
+        cfg = self.settings
+        start = time.monotonic()
+        wait = max(cfg.first_token_timeout_s, cfg.token_timeout_s)
+        timeout = httpx.Timeout(connect=cfg.connect_timeout_s, read=wait, write=wait, pool=wait)
+        url = f"{self.base}/chat/completions"
+        try:
+            async with self._http().stream(
+                "POST", url, json=body, headers=self._headers(), timeout=timeout
+            ) as reply:
+                if reply.status_code != 200:
+                    await reply.aread()
+                    raise _status_error(self.name, reply.status_code, reply.text)
+                async for delta in self._deltas(request, reply, start):
+                    yield delta
+        except httpx.HTTPError as exc:
+            raise EndpointError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+
+    async def _deltas(
+        self, request: GenerationRequest, reply: httpx.Response, start: float
+    ) -> AsyncIterator[Delta]:
+        lines = reply.aiter_lines()
+        first: float | None = None
+        last = start
+        finish: FinishReason | None = None
+        prompt_tokens = 0
+        tokens = 0
+        while True:
+            limit = self.settings.first_token_timeout_s if first is None else None
+            limit = limit or self.settings.token_timeout_s
+            try:
+                async with asyncio.timeout(limit):
+                    line = await anext(lines)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise EndpointError(f"{self.name}: no data for {limit:g} s") from None
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise EndpointError(f"{self.name}: not a JSON event: {data[:80]!r}") from None
+            if not isinstance(chunk, dict):
+                continue
+            if "error" in chunk:
+                raise EndpointError(f"{self.name}: {str(chunk['error'])[:200]}")
+            usage = chunk.get("usage")
+            if isinstance(usage, dict):
+                prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                tokens = int(usage.get("completion_tokens") or tokens)
+            for choice in chunk.get("choices") or ():
+                text = (choice.get("delta") or {}).get("content") or ""
+                reason = choice.get("finish_reason")
+                if reason:
+                    finish = "length" if reason == "length" else "stop"
+                if text:
+                    now = time.monotonic()
+                    first = first or now
+                    tokens_here = 1
+                    tokens += tokens_here
+                    yield Delta(
+                        request_id=request.request_id,
+                        text=text,
+                        tokens=tokens_here,
+                        timing=Timing(0.0, first - start, now - last, now - start),
+                    )
+                    last = now
+        if finish is None:
+            raise EndpointError(f"{self.name}: the stream ended before the reply did")
+        if not prompt_tokens:
+            # A server that sends no usage (llama.cpp's): about four characters a token.
+            prompt_tokens = sum(len(m.content) // 4 + 4 for m in request.messages or ())
+        now = time.monotonic()
+        yield Delta(
+            request_id=request.request_id,
+            text="",
+            tokens=0,
+            timing=Timing(0.0, (first or now) - start, 0.0, now - start),
+            finish_reason=finish,
+            prompt_tokens=prompt_tokens,
+        )
+
+    async def check(self) -> bool:
+        import httpx
+
+        try:
+            reply = await self._http().get(
+                f"{self.base}{self.settings.health_path}",
+                headers=self._headers(),
+                timeout=httpx.Timeout(self.settings.connect_timeout_s),
+            )
+        except httpx.HTTPError:
+            return False
+        return reply.status_code == 200
+
+    async def aclose(self) -> None:
+        if self._client is not None and self._own_client:
+            await self._client.aclose()
+            self._client = None
+
+
+def _status_error(name: str, status: int, text: str) -> RequestError:
+    detail = text.strip().replace("\n", " ")[:300]
+    message = f"{name}: HTTP {status}: {detail}"
+    if status in _RETRYABLE_STATUS:
+        return EndpointError(message)
+    if "context" in detail.lower() and ("exceed" in detail.lower() or "long" in detail.lower()):
+        return ContextOverflowError(message)
+    return EndpointRejectedError(message)
