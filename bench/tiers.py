@@ -7,9 +7,9 @@ fetched, the silver engine, shared). Every request goes through the router, as t
 do.
 
 - gold: `--gold` intent requests (the actor's intent prompt and JSON schema: intent, target,
-  urgency; greedy, at most 24 tokens), one after another with `--gap-ms` between them, like a
-  controller asking at a few Hz. Per request: the latency (submit to last token) and the
-  per-token latency (latency / generated tokens).
+  urgency; greedy, at most 48 tokens; replies that do not parse are counted), one after
+  another with `--gap-ms` between them, like a controller asking at a few Hz. Per request:
+  the latency (submit to last token) and the per-token latency (latency / generated tokens).
 - rows, in one run: `gold alone` (the baseline); `gold + silver + bronze`: the same gold
   requests while `--speakers` silver dialogue streams talk without pause (64 tokens a reply)
   and a bronze worker runs lore jobs from an embedded SQLite queue without pause.
@@ -78,22 +78,26 @@ def intent_request(i: int) -> GenerationRequest:
         ],
         priority=Priority.GOLD,
         json_schema=INTENT_SCHEMA,
-        sampling=Sampling(max_tokens=24, temperature=0.0),
+        sampling=Sampling(max_tokens=48, temperature=0.0),
     )
 
 
 async def gold_run(router: Router, n: int, gap_s: float) -> dict[str, list[float]]:
     total: list[float] = []
     per_token: list[float] = []
+    bad: list[str] = []
     for i in range(n):
         start = time.perf_counter()
         done = await router.complete(intent_request(i), "intent", canned="{}")
         seconds = time.perf_counter() - start
-        json.loads(done.text)
+        try:
+            json.loads(done.text)
+        except ValueError:
+            bad.append(done.text)
         total.append(seconds)
         per_token.append(seconds / max(1, done.tokens))
         await asyncio.sleep(gap_s)
-    return {"latency": total, "per_token": per_token}
+    return {"latency": total, "per_token": per_token, "unparsed": [float(len(bad))]}
 
 
 async def speaker(router: Router, i: int, counts: dict[str, float]) -> None:
@@ -169,6 +173,7 @@ async def main() -> None:
         rows[name] = {
             "latency_ms": latency(run["latency"], 1000),
             "per_token_ms": latency(run["per_token"], 1000),
+            "unparsed": int(run["unparsed"][0]),
         }
     base = rows["gold alone"]
     print(
