@@ -307,3 +307,16 @@ def test_canned_lines_are_in_character_and_stable() -> None:
 def test_job_payloads_are_checked(kind: str, payload: Any, message: str) -> None:
     with pytest.raises(JobError, match=message):
         validate_job(kind, payload)
+
+
+async def test_a_full_tier_past_the_deadline_gives_the_canned_output() -> None:
+    a = Scripted("a", ["stall"])
+    router = router_for({"endpoints": ["a"], "max_batch": 1}, [a])
+    busy = asyncio.create_task(router.complete(request(), "dialogue", canned="..."))
+    while not a.seen:  # noqa: ASYNC110 - a plain list: nothing to wait on
+        await asyncio.sleep(0)
+    done = await router.complete(request(deadline_s=0.05), "dialogue", canned="Hm.")
+    assert done.text == "Hm."  # waited for a slot until the deadline, then the canned line
+    busy.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await busy

@@ -434,6 +434,8 @@ class RoutedStream:
                         state = await router._pick(names, self.tier, deadline)
                     except NoEndpointError:
                         break
+                    except DeadlineExceeded:  # every slot busy until the deadline
+                        raise _Deadline() from None
                     endpoint = state.endpoint
                     if said and not endpoint.can_continue:
                         state.breaker.release()
