@@ -28,7 +28,13 @@ from mythic.route._jobs import (
 )
 from mythic.route._policy import TIER_ORDER, RouteDecision, TierPolicy, UnknownKindError
 from mythic.route._router import NoEndpointError, RoutedStream, Router, Usage
-from mythic.route._worker import ArtifactFollower, JobWorker, UnusableOutputError, artifact_doc
+from mythic.route._worker import (
+    ArtifactFollower,
+    JobWorker,
+    UnusableOutputError,
+    artifact_doc,
+    check_world_refs,
+)
 
 __all__ = [
     "CANNED_LINES",
@@ -59,6 +65,7 @@ __all__ = [
     "Usage",
     "artifact_doc",
     "canned_line",
+    "check_world_refs",
     "local_router",
     "open_queue",
     "open_router",

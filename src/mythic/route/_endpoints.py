@@ -109,6 +109,13 @@ class EmbeddedEndpoint(Endpoint):
         return self.engine.alive
 
 
+def approx_prompt_tokens(request: GenerationRequest) -> int:
+    """A request's prompt size without its model's tokenizer: about four characters a token."""
+    if request.prompt is not None:
+        return len(request.prompt) // 4
+    return sum(len(m.content) // 4 + 4 for m in request.messages or ())
+
+
 _RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 
@@ -280,9 +287,8 @@ class OpenAIEndpoint(Endpoint):
                     last = now
         if finish is None:
             raise EndpointError(f"{self.name}: the stream ended before the reply did")
-        if not prompt_tokens:
-            # A server that sends no usage (llama.cpp's): about four characters a token.
-            prompt_tokens = sum(len(m.content) // 4 + 4 for m in request.messages or ())
+        if not prompt_tokens:  # a server that sends no usage (llama.cpp's): an estimate
+            prompt_tokens = approx_prompt_tokens(request)
         now = time.monotonic()
         yield Delta(
             request_id=request.request_id,

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
@@ -29,7 +28,12 @@ from mythic.engine import (
     Timing,
 )
 from mythic.route._breaker import Breaker, BreakerState
-from mythic.route._endpoints import EmbeddedEndpoint, Endpoint, EndpointError
+from mythic.route._endpoints import (
+    EmbeddedEndpoint,
+    Endpoint,
+    EndpointError,
+    approx_prompt_tokens,
+)
 from mythic.route._policy import RouteDecision, TierPolicy
 
 if TYPE_CHECKING:
@@ -220,7 +224,7 @@ class Router:
     ) -> RouteDecision:
         return self.policy.decide(
             kind,
-            context_tokens=_approx_prompt_tokens(request),
+            context_tokens=approx_prompt_tokens(request),
             deadline_s=request.deadline_s,
             archetype=archetype,
             cost=cost,
@@ -542,13 +546,3 @@ def _loop_time(deadline: float | None, clock: Callable[[], float]) -> float | No
     if deadline is None:
         return None
     return asyncio.get_running_loop().time() + max(0.0, deadline - clock())
-
-
-def _approx_prompt_tokens(request: GenerationRequest) -> int:
-    if request.prompt is not None:
-        return len(request.prompt) // 4
-    return sum(len(m.content) // 4 + 4 for m in request.messages or ())
-
-
-def new_request_id() -> str:
-    return uuid.uuid4().hex

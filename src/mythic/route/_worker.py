@@ -60,6 +60,16 @@ QUEST_SCHEMA: dict[str, Any] = {
 }
 
 
+def check_world_refs(payload: dict[str, Any], world: World) -> None:
+    """Raise `JobError` when a job names an NPC or a zone the world does not have."""
+    npc_id = payload.get("npc_id")
+    if npc_id is not None and npc_id not in world.npcs:
+        raise JobError(f"no NPC {npc_id!r} in world {world.name!r}")
+    zone = payload.get("zone")
+    if zone is not None and zone not in world.card.zones:
+        raise JobError(f"no zone {zone!r} in world {world.name!r}")
+
+
 def artifact_doc(artifact: Artifact, world: World) -> LoreDoc:
     """The lore document an artifact becomes: in its zone (an NPC's artifact: the NPC's
     zone), tagged with its kind and NPC so retrieval favours it for that NPC."""
@@ -177,12 +187,9 @@ class JobWorker:
         """
         payload = validate_job(job.kind, job.payload)
         world = self.world()
+        check_world_refs(payload, world)
         npc_id = payload.get("npc_id")
-        if npc_id is not None and npc_id not in world.npcs:
-            raise JobError(f"no NPC {npc_id!r} in world {world.name!r}")
         zone = payload.get("zone")
-        if zone is not None and zone not in world.card.zones:
-            raise JobError(f"no zone {zone!r} in world {world.name!r}")
         system, user, schema = _prompt(job.kind, payload, world)
         request = GenerationRequest(
             npc_id=npc_id or "_bronze",

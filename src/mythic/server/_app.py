@@ -31,6 +31,7 @@ from mythic.route import (
     JobStoreError,
     JobWorker,
     Router,
+    check_world_refs,
     local_router,
     validate_job,
 )
@@ -218,10 +219,7 @@ class Gateway:
         """
         assert self.jobs is not None
         data = validate_job(kind, payload)
-        if data.get("npc_id") is not None and data["npc_id"] not in self.world.npcs:
-            raise JobError(f"no NPC {data['npc_id']!r} in world {self.world.name!r}")
-        if data.get("zone") is not None and data["zone"] not in self.world.card.zones:
-            raise JobError(f"no zone {data['zone']!r} in world {self.world.name!r}")
+        check_world_refs(data, self.world)
         job, created = await self.jobs.submit(kind, data, job_id=job_id)
         for worker in self.workers:
             worker.wake()
