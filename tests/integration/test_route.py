@@ -329,6 +329,66 @@ async def test_a_stalling_endpoint_times_out_into_the_fallback_and_gold_gets_its
         server.close()
 
 
+async def misbehaving_server(reply: bytes) -> tuple[asyncio.Server, str]:
+    """A peer that answers every request with `reply` (raw HTTP) and closes."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(reply)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+
+
+SSE = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("reply", "counted"),
+    [
+        (SSE + b"data: {not json\n\n", True),  # garbage events
+        (SSE + b'data: {"error": "model crashed"}\n\n', True),  # an error event
+        (SSE + b'data: {"choices": [{"delta": {"content": "Hal"}}]}\n\n', True),  # cut short
+        (b"HTTP/1.1 503 Busy\r\ncontent-length: 4\r\nconnection: close\r\n\r\nbusy", True),
+        (b"HTTP/1.1 400 Bad\r\ncontent-length: 3\r\nconnection: close\r\n\r\nno!", False),
+    ],
+)
+async def test_a_misbehaving_remote_falls_back_without_an_error(
+    settings: MythicSettings, smollm: Engine, reply: bytes, counted: bool
+) -> None:
+    server, url = await misbehaving_server(reply)
+    try:
+        router = routed(
+            settings,
+            {"smollm2-135m-instruct": smollm},
+            {
+                "tiers": {
+                    "silver": {
+                        "endpoints": ["bad"],
+                        "fallback": ["local"],
+                        "retries": 0,
+                        "tools": True,
+                    }
+                },
+                "local": {"local": "smollm2-135m-instruct"},
+            },
+            {"bad": url},
+        )
+        stream = await router.open(dialogue(8), "dialogue", canned="Hm.")
+        async with stream:
+            done = await stream.collect()
+        assert done.text and stream.served_by == "local"
+        assert stream.attempts[0] == ("bad", "failed" if counted else "invalid")
+        # Failures count against the breaker; a refused (4xx) request does not.
+        assert router.states["bad"].breaker.failures == int(counted)
+        await router.aclose()
+    finally:
+        server.close()
+
+
 async def test_gateway_routes_by_tier_and_the_npc_answers_with_the_remote_down(
     settings: MythicSettings, smollm: Engine, qwen: Engine
 ) -> None:
