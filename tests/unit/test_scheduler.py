@@ -264,6 +264,20 @@ def test_sequences_are_grouped_by_adapter_set_with_gold_in_its_own_group_first()
     assert sizes == {wolf: 1, vamp: 2, (): 1}
 
 
+def test_a_mixed_adapter_backend_gets_one_call_per_class_and_each_chunk_its_set() -> None:
+    sched = Scheduler(SchedulerConfig(mixed_adapters=True))
+    vamp = (("vampire", 1.0),)
+    wolf = (("werewolf", 0.5),)
+    entries = [entry(Priority.SILVER, adapters=a) for a in (vamp, wolf, vamp, ())]
+    gold = entry(Priority.GOLD, adapters=wolf)
+    for e in [*entries, gold]:
+        sched.add(e)
+    out = step(sched)
+    assert [(b.gold, b.adapter_key) for b in out.batches] == [(True, None), (False, None)]
+    keys = {c.request_id: c.adapter_key for b in out.batches for c in b.chunks}
+    assert keys == {e.request_id: e.adapter_key for e in [*entries, gold]}
+
+
 def test_finished_and_removed_requests_release_their_reservation() -> None:
     sched = Scheduler()
     a, b = entry(), entry()

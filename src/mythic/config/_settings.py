@@ -104,7 +104,17 @@ class EngineSettings(_Section):
     redone step can pick another token than it would have."""
 
     adapters: dict[str, Path] = Field(default_factory=dict)
-    """LoRA adapters (GGUF) to load at start, by the name requests use: {vampire: path}."""
+    """LoRA adapters to load at start, by the name requests use: {vampire: path}. GGUF LoRA
+    files for llama.cpp; PEFT adapter directories for the transformers backend."""
+
+    backend: Literal["llama.cpp", "transformers"] = "llama.cpp"
+    """The model runtime. `llama.cpp`: quantised GGUF, fast on CPU, constrained decoding.
+    `transformers`: PyTorch + PEFT (the `train` extra), the GGUF's weights dequantised; mixes
+    LoRA adapters within one batch and runs on a GPU when there is one; no constrained
+    decoding (route intents, barks and tool decisions to a llama.cpp engine)."""
+
+    device: str = "auto"
+    """The transformers backend's torch device: `auto` (CUDA when present), `cpu`, `cuda:0`."""
 
 
 class ChatSettings(_Section):

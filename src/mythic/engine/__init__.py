@@ -1,6 +1,7 @@
-"""The model runtime: packaged models, chat formats, and the embedded llama.cpp backend.
+"""The model runtime: packaged models, chat formats, the embedded llama.cpp backend and the
+transformers + PEFT backend.
 
-Importing this package loads neither llama.cpp nor a model; `Engine.load` does.
+Importing this package loads neither llama.cpp, torch nor a model; `Engine.load` does.
 """
 
 from mythic.engine._backend import (
@@ -53,6 +54,7 @@ from mythic.engine._scheduler import (
     SchedulerConfig,
     SchedulerOutput,
 )
+from mythic.engine._transformers import TransformersBackend, load_transformers_backend
 from mythic.engine.models import (
     PACKAGED_MODELS,
     ModelStore,
@@ -109,9 +111,11 @@ __all__ = [
     "SequenceChunk",
     "SyncRequestStream",
     "Timing",
+    "TransformersBackend",
     "UnknownAdapterError",
     "UnknownModelError",
     "load_backend",
+    "load_transformers_backend",
     "packaged_model",
     "read_gguf_info",
 ]

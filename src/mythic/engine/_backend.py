@@ -42,6 +42,9 @@ class SequenceChunk:
     """Position of the first token in the sequence."""
     logits: bool
     """Whether the last token's logits are wanted (a token is sampled after it)."""
+    adapters: AdapterKey = ()
+    """The sequence's adapter set, for backends that mix adapters in one call
+    (`Backend.mixed_adapters`); others apply `set_adapters` to the whole call."""
 
 
 class BackendError(EngineError):
@@ -72,6 +75,9 @@ class Backend(ABC):
     max_seq_chunk: int | None = None
     """Most tokens of one sequence per decode call for exact, batch-invariant results
     (None: any)."""
+    mixed_adapters: bool = False
+    """True: one decode call may mix adapter sets, one per chunk (`SequenceChunk.adapters`),
+    as PEFT's mixed-batch inference does; the engine then batches across adapters."""
 
     @abstractmethod
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:

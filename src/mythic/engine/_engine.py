@@ -92,6 +92,7 @@ class EngineConfig:
                 max_waiting=s.max_waiting,
                 kv_capacity=backend.n_ctx,
                 gold_kv_reserve=min(256, backend.n_ctx // 8),
+                mixed_adapters=backend.mixed_adapters,
             ),
             overflow=s.overflow,
             prefix_min_tokens=s.prefix_min_tokens,
@@ -207,11 +208,18 @@ class Engine:
         Raises:
             ModelError: the model cannot be resolved or loaded.
             AdapterError: a configured adapter cannot be loaded.
-            MissingExtraError: llama-cpp-python is not installed.
+            MissingExtraError: llama-cpp-python (or, for `engine.backend: transformers`, torch,
+                transformers and peft) is not installed.
         """
-        from mythic.engine._llamacpp import load_backend
+        backend: Backend
+        if settings.backend == "transformers":
+            from mythic.engine._transformers import load_transformers_backend
 
-        backend = load_backend(model or settings.dialogue_model, settings)
+            backend = load_transformers_backend(model or settings.dialogue_model, settings)
+        else:
+            from mythic.engine._llamacpp import load_backend
+
+            backend = load_backend(model or settings.dialogue_model, settings)
         try:
             for name, path in settings.adapters.items():
                 backend.load_adapter(name, str(path))
@@ -513,12 +521,16 @@ class Engine:
                 else:
                     assert active.last_token is not None
                     tokens = [active.last_token]
-                chunks.append(SequenceChunk(seq.seq_id, tokens, len(seq.tokens), chunk.sample))
+                chunks.append(
+                    SequenceChunk(
+                        seq.seq_id, tokens, len(seq.tokens), chunk.sample, chunk.adapter_key
+                    )
+                )
                 seq.tokens += tokens
                 items.append((active, tokens if chunk.prefill else [], chunk.sample))
             if not chunks:
                 continue
-            if self.backend.set_adapters(batch.adapter_key):
+            if batch.adapter_key is not None and self.backend.set_adapters(batch.adapter_key):
                 self._counts["adapter_switches"] += 1
             try:
                 outputs = self._decode(chunks, interruptible=not batch.gold)

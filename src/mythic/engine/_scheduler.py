@@ -86,6 +86,9 @@ class SchedulerConfig:
     """Cells (and one running slot) kept free for gold requests."""
     weights: dict[Priority, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     """Fair-share weight of each non-gold class."""
+    mixed_adapters: bool = False
+    """The backend mixes adapter sets in one call: batches split by gold-ness only, and
+    each chunk carries its own adapter set."""
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "max_batch_seqs", "prefill_chunk", "burst_tokens"):
@@ -137,13 +140,15 @@ class ScheduledChunk:
     """True: `n_tokens` prompt tokens; False: the one token sampled last step."""
     sample: bool
     """True when this chunk ends the prompt or decodes: a token is sampled after it."""
+    adapter_key: AdapterKey = ()
 
 
 @dataclass(slots=True)
 class ScheduledBatch:
-    """Chunks that share an adapter set (and gold-ness): one backend decode call."""
+    """Chunks that share an adapter set (and gold-ness): one backend decode call. With
+    `mixed_adapters` the set is None and each chunk names its own."""
 
-    adapter_key: AdapterKey
+    adapter_key: AdapterKey | None
     gold: bool = False
     chunks: list[ScheduledChunk] = field(default_factory=list)
 
@@ -264,12 +269,13 @@ class Scheduler:
         chosen = self._choose()
         # Gold gets decode calls of its own, first: its token is sampled and sent before the
         # (larger) calls of the other classes run.
-        by_key: dict[tuple[bool, AdapterKey], ScheduledBatch] = {}
+        by_key: dict[tuple[bool, AdapterKey | None], ScheduledBatch] = {}
+        mixed = self.config.mixed_adapters
         for chunk, entry in chosen:
-            key = (entry.priority is Priority.GOLD, entry.adapter_key)
+            key = (entry.priority is Priority.GOLD, None if mixed else entry.adapter_key)
             batch = by_key.get(key)
             if batch is None:
-                batch = by_key[key] = ScheduledBatch(entry.adapter_key, gold=key[0])
+                batch = by_key[key] = ScheduledBatch(key[1], gold=key[0])
                 out.batches.append(batch)
             batch.chunks.append(chunk)
         return out
@@ -369,11 +375,17 @@ class Scheduler:
             if seqs_left == 0 or tokens_left == 0:
                 return
             if entry.decoding:
-                chunk = ScheduledChunk(entry.request_id, 1, prefill=False, sample=True)
+                chunk = ScheduledChunk(
+                    entry.request_id, 1, prefill=False, sample=True, adapter_key=entry.adapter_key
+                )
             else:
                 n = min(entry.prefill_left, chunk_limit, tokens_left)
                 chunk = ScheduledChunk(
-                    entry.request_id, n, prefill=True, sample=n == entry.prefill_left
+                    entry.request_id,
+                    n,
+                    prefill=True,
+                    sample=n == entry.prefill_left,
+                    adapter_key=entry.adapter_key,
                 )
             chosen.append((chunk, entry))
             seqs_left -= 1
