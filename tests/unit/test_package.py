@@ -26,6 +26,7 @@ PUBLIC = [
     "mythic.dialogue",
     "mythic.server",
     "mythic.client",
+    "mythic.control",
 ]
 
 # ARCHITECTURE.md: imports point down only. Each package may import the ones listed.
@@ -41,6 +42,7 @@ ALLOWED: dict[str, set[str]] = {
     "server": BASE | {"engine", "knowledge", "memory", "route", "dialogue"},
     # A game vendors the client without the server: it may import only the wire contracts.
     "client": {"_errors", "_extras", "contracts"},
+    "control": {"_errors", "contracts"},
     "cli": BASE | {"engine", "knowledge", "memory", "route", "dialogue", "server", "client"},
 }
 HEAVY = ["llama_cpp", "torch", "numpy", "transformers", "redis", "asyncpg"]

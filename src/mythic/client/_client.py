@@ -287,14 +287,23 @@ class MythicClient:
         )
 
     async def intent(
-        self, npc_id: str, *, context: str | None = None, with_bark: bool = False
+        self,
+        npc_id: str,
+        *,
+        context: str | None = None,
+        with_bark: bool = False,
+        request_id: str | None = None,
     ) -> IntentUpdate:
-        """Ask for an NPC's intent and wait for it.
+        """Ask for an NPC's intent and wait for it. `request_id` (default: a fresh one) comes
+        back in the `IntentUpdate`, so a game's intent cache can drop stale answers.
 
         Raises:
             ClientError: the server answered with an error.
+            TimeoutError: no answer within the client's `timeout_s`.
         """
-        request_id = f"i-{uuid.uuid4().hex[:12]}"
+        request_id = request_id or f"i-{uuid.uuid4().hex[:12]}"
+        if request_id in self._intents:
+            raise ClientError(f"intent request {request_id} is already waiting for its answer")
         answer: asyncio.Future[IntentUpdate] = asyncio.get_running_loop().create_future()
         self._intents[request_id] = answer
         try:

@@ -1,0 +1,898 @@
+"""The game-side controller: micro-policies, blending, the intent cache, tiers, prediction.
+
+Deterministic: every frame gets its time from the test (`now`), randomness is seeded, and
+nothing asserts on wall-clock time. Threads are joined or waited on with bounded events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mythic.contracts import IntentRequest, IntentUpdate
+from mythic.control import (
+    Archetype,
+    ArchetypeTable,
+    AsyncIntentSource,
+    Behaviour,
+    Controller,
+    ControlSettings,
+    Player,
+    Policy,
+    StalkPhase,
+    Tier,
+    TierBand,
+)
+from mythic.control._grid import close_pairs
+
+pytestmark = pytest.mark.unit
+
+DT = 1 / 60
+ORIGIN = Player((0.0, 0.0))
+
+
+class RecordingSource:
+    """Takes requests and keeps them; the test answers them (or not)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[IntentRequest, Tier]] = []
+
+    def submit(self, request: IntentRequest, tier: Tier) -> None:
+        self.sent.append((request, tier))
+
+    def for_npc(self, npc_id: str) -> list[IntentRequest]:
+        return [r for r, _ in self.sent if r.npc_id == npc_id]
+
+
+class AnsweringSource:
+    """Answers every request at once (the answer waits in the inbox for the next frame)."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        self.sent: list[tuple[IntentRequest, Tier]] = []
+
+    def submit(self, request: IntentRequest, tier: Tier) -> None:
+        self.sent.append((request, tier))
+        self.controller.deliver(answer(request, "chitchat"))
+
+
+def answer(
+    request: IntentRequest, intent: str, target: str | None = None, **fields: object
+) -> IntentUpdate:
+    return IntentUpdate.model_validate(
+        {
+            "npc_id": request.npc_id,
+            "intent": intent,
+            "target": target,
+            "request_id": request.request_id,
+            **fields,
+        }
+    )
+
+
+def push(npc_id: str, intent: str, target: str | None = None, **fields: object) -> IntentUpdate:
+    return IntentUpdate.model_validate(
+        {"npc_id": npc_id, "intent": intent, "target": target, **fields}
+    )
+
+
+def run(
+    controller: Controller,
+    seconds: float,
+    player: Player | Callable[[float], Player] = ORIGIN,
+    *,
+    start: float = 0.0,
+    dt: float = DT,
+    each: Callable[[float], None] | None = None,
+) -> float:
+    """Run frames for `seconds` of game time from `start`; return the time reached."""
+    frames = round(seconds / dt)
+    now = start
+    for k in range(frames):
+        now = start + k * dt
+        controller.frame(dt, now, player(now) if callable(player) else player)
+        if each is not None:
+            each(now)
+    return start + frames * dt
+
+
+def row(controller: Controller, npc_id: str) -> int:
+    return controller.crowd.index_of(npc_id)
+
+
+def position(controller: Controller, npc_id: str) -> np.ndarray:
+    return controller.crowd.pos[row(controller, npc_id)].astype(np.float64)
+
+
+def speed(controller: Controller, npc_id: str) -> float:
+    return float(np.hypot(*controller.crowd.vel[row(controller, npc_id)]))
+
+
+def min_pair_distance(pos: np.ndarray) -> float:
+    _, _, _, dist = close_pairs(np.ascontiguousarray(pos, dtype=np.float32), 2.0)
+    return float(dist.min()) if dist.size else math.inf
+
+
+# -- micro-policies ---------------------------------------------------------------------------
+
+
+def test_horde_closes_on_the_player_stays_cohesive_and_never_overlaps() -> None:
+    controller = Controller(settings=ControlSettings(seed=3))
+    rng = np.random.default_rng(0)
+    for k, p in enumerate(rng.random((200, 2)) * 20 - 10 + (12.0, 0.0)):
+        controller.add(f"z{k}", "zombie", p)
+    gaps: list[float] = []
+    reach: list[float] = []
+
+    def measure(now: float) -> None:
+        if now > 28.0 and round(now / DT) % 10 == 0:
+            pos = controller.crowd.positions
+            gaps.append(min_pair_distance(pos))
+            reach.append(float(np.linalg.norm(pos, axis=1).max()))
+
+    run(controller, 30.0, each=measure)
+    body = 2 * 0.3
+    assert min(gaps) >= 0.9 * body  # bodies may touch, never sink into each other
+    assert max(reach) <= 8.0  # 200 zombies packed around the player, not strung out
+    assert controller.crowd.policy[:200].tolist() == [Policy.HORDE] * 200
+
+
+def test_a_roaming_horde_holds_together() -> None:
+    controller = Controller(settings=ControlSettings(seed=5))
+    rng = np.random.default_rng(1)
+    for k, p in enumerate(rng.random((200, 2)) * 20):
+        controller.add(f"z{k}", "zombie", p)
+    far_away = Player((1000.0, 1000.0))  # out of reach: they roam
+    start = controller.crowd.positions.copy()
+    spread_before = np.linalg.norm(start - start.mean(axis=0), axis=1).max()
+    run(controller, 30.0, far_away)
+    pos = controller.crowd.positions
+    spread_after = np.linalg.norm(pos - pos.mean(axis=0), axis=1).max()
+    assert spread_after <= spread_before
+    assert min_pair_distance(pos) >= 0.9 * 0.6
+
+
+def test_a_vampire_creeps_unseen_rushes_and_feeds() -> None:
+    controller = Controller(settings=ControlSettings(intent_ttl_s=60.0))
+    controller.add("marla", "barkeep", (0.0, 0.0), heading=math.pi)  # looking away
+    controller.add("vlad", "vampire", (30.0, 0.0))
+    controller.deliver(push("vlad", "combat", "marla"))
+    phases: list[int] = []
+    distances: list[float] = []
+
+    def watch(now: float) -> None:
+        phases.append(int(controller.crowd.stalk_phase[row(controller, "vlad")]))
+        distances.append(float(np.linalg.norm(position(controller, "vlad"))))
+
+    run(controller, 20.0, each=watch)
+    seen = [p for k, p in enumerate(phases) if k == 0 or p != phases[k - 1]]
+    assert seen[-3:] == [StalkPhase.CREEP, StalkPhase.RUSH, StalkPhase.FEED]
+    creep = [d for d, p in zip(distances, phases, strict=True) if p == StalkPhase.CREEP]
+    rush = [d for d, p in zip(distances, phases, strict=True) if p == StalkPhase.RUSH]
+    creep_speed = (creep[0] - creep[-1]) / (len(creep) * DT)
+    rush_speed = (rush[0] - rush[-1]) / (len(rush) * DT)
+    assert rush_speed > 1.5 * creep_speed  # slowly while unseen, then a rush
+    assert distances[-1] <= 1.2 + 0.2  # feeding, at the prey
+    assert controller.crowd.policy[row(controller, "vlad")] == Policy.STALK
+
+
+def test_a_watched_vampire_holds_still() -> None:
+    controller = Controller()
+    controller.add("marla", "barkeep", (0.0, 0.0), heading=0.0)  # looking at the vampire
+    controller.add("vlad", "vampire", (20.0, 0.0))
+    controller.deliver(push("vlad", "combat", "marla"))
+    run(controller, 5.0)
+    assert controller.crowd.stalk_phase[row(controller, "vlad")] == StalkPhase.FREEZE
+    assert np.linalg.norm(position(controller, "vlad") - (20.0, 0.0)) < 0.1
+
+
+def test_a_villager_in_combat_flees_until_safe() -> None:
+    controller = Controller(settings=ControlSettings(intent_ttl_s=60.0))
+    controller.add("ann", "villager", (5.0, 0.0))
+    controller.deliver(push("ann", "combat", "player", urgency=1.0))
+    distances: list[float] = []
+    run(
+        controller,
+        15.0,
+        each=lambda now: distances.append(float(np.linalg.norm(position(controller, "ann")))),
+    )
+    assert controller.crowd.policy[row(controller, "ann")] == Policy.FLEE
+    assert all(b >= a - 1e-4 for a, b in itertools.pairwise(distances))
+    assert distances[-1] >= 24.0
+    assert speed(controller, "ann") < 0.2  # safe: it stops running
+
+
+def test_seek_arrives_and_stops_at_its_distance() -> None:
+    controller = Controller(settings=ControlSettings(intent_ttl_s=60.0))
+    controller.set_landmark("gate", (20.0, 0.0))
+    controller.add("gus", "guard", (0.0, 0.0))
+    controller.deliver(push("gus", "navigation", "gate"))
+    gaps: list[float] = []
+    run(
+        controller, 20.0, each=lambda now: gaps.append(20.0 - float(position(controller, "gus")[0]))
+    )
+    assert controller.crowd.policy[row(controller, "gus")] == Policy.SEEK
+    assert abs(gaps[-1] - 1.0) <= 0.2
+    assert min(gaps) >= 1.0 - 0.2  # no overshoot
+    assert speed(controller, "gus") < 0.05
+
+
+def test_talk_intent_approaches_then_faces_the_partner() -> None:
+    controller = Controller(settings=ControlSettings(intent_ttl_s=60.0))
+    controller.add("ann", "villager", (10.0, 0.0))
+    controller.deliver(push("ann", "chitchat", "player"))
+    run(controller, 15.0)
+    r = row(controller, "ann")
+    assert controller.crowd.policy[r] == Policy.FACE_TALK
+    assert abs(np.linalg.norm(position(controller, "ann")) - 1.8) <= 0.2
+    heading = float(controller.crowd.heading[r])
+    assert abs(math.remainder(heading - math.pi, 2 * math.pi)) < 0.05
+    assert speed(controller, "ann") < 0.05
+
+
+def test_a_partner_who_walks_off_is_approached_again() -> None:
+    controller = Controller(settings=ControlSettings(intent_ttl_s=60.0))
+    controller.add("ann", "villager", (10.0, 0.0))
+    controller.deliver(push("ann", "hint", "player"))
+    end = run(controller, 8.0)
+    assert controller.crowd.policy[row(controller, "ann")] == Policy.FACE_TALK
+    moved = Player((30.0, 0.0))
+    run(controller, 0.1, moved, start=end)
+    assert controller.crowd.policy[row(controller, "ann")] == Policy.SEEK
+    run(controller, 20.0, moved, start=end + 0.1)  # 26 m at a walk
+    assert controller.crowd.policy[row(controller, "ann")] == Policy.FACE_TALK
+    assert abs(np.linalg.norm(position(controller, "ann") - (30.0, 0.0)) - 1.8) <= 0.2
+
+
+def test_a_horde_marches_on_a_place() -> None:
+    controller = Controller(settings=ControlSettings(intent_ttl_s=120.0))
+    controller.set_landmark("gate", (40.0, 0.0))
+    for k in range(20):
+        controller.add(f"z{k}", "zombie", (float(k % 5), float(k // 5)))
+        controller.deliver(push(f"z{k}", "combat", "gate"))
+    run(controller, 40.0, Player((-500.0, 0.0)))  # the player is far out of reach
+    pos = controller.crowd.positions
+    assert np.linalg.norm(pos - (40.0, 0.0), axis=1).max() < 4.0
+    assert min_pair_distance(pos) >= 0.9 * 0.6
+
+
+def test_face_and_talk_turns_in_place_to_the_partner() -> None:
+    controller = Controller()
+    controller.add("ann", "barkeep", (0.0, 0.0), heading=0.0)
+    controller.add("bob", "barkeep", (0.0, 1.5))
+    controller.deliver(push("ann", "quest", "bob"))
+    run(controller, 1.0)
+    r = row(controller, "ann")
+    assert controller.crowd.policy[r] == Policy.FACE_TALK
+    assert abs(float(controller.crowd.heading[r]) - math.pi / 2) < 0.02
+    assert np.linalg.norm(position(controller, "ann")) < 0.05
+
+
+def test_patrol_walks_its_waypoints_in_a_loop() -> None:
+    controller = Controller()
+    square = [(0.0, 0.0), (10.0, 0.0), (10.0, 10.0), (0.0, 10.0)]
+    controller.add_route("yard", square)
+    controller.add("gus", "guard", (0.0, 0.0), route="yard")
+    visits: list[int] = []
+    closest = [math.inf] * 4
+
+    def watch(now: float) -> None:
+        slot = int(controller.crowd.waypoint[row(controller, "gus")])
+        if not visits or visits[-1] != slot:
+            visits.append(slot)
+        here = position(controller, "gus")
+        for k, p in enumerate(square):
+            closest[k] = min(closest[k], float(np.linalg.norm(here - p)))
+
+    run(controller, 60.0, each=watch)
+    assert visits[:9] == [1, 2, 3, 0, 1, 2, 3, 0, 1]
+    assert max(closest) <= controller.settings.waypoint_tolerance_m
+
+
+def test_follow_keeps_its_distance_behind_the_player() -> None:
+    controller = Controller(settings=ControlSettings(intent_ttl_s=60.0))
+    controller.add("sam", "villager", (-5.0, 0.0))
+    controller.deliver(push("sam", "navigation", "player"))
+
+    def walking(now: float) -> Player:
+        return Player((1.2 * now, 0.0), (1.2, 0.0), 0.0)
+
+    end = run(controller, 20.0, walking)
+    assert controller.crowd.policy[row(controller, "sam")] == Policy.FOLLOW
+    slot = np.array([1.2 * (end - DT) - 2.5, 0.0])
+    assert np.linalg.norm(position(controller, "sam") - slot) < 0.5
+
+
+def test_policy_change_blends_velocity_without_a_jump() -> None:
+    def largest_step(blend_s: float) -> float:
+        table = ArchetypeTable()
+        table.register(Archetype("sprinter", "civilian", 4.0, 1000.0, Behaviour(Policy.IDLE)))
+        controller = Controller(settings=ControlSettings(blend_s=blend_s), archetypes=table)
+        controller.add("sue", "sprinter", (10.0, 0.0))
+        controller.deliver(push("sue", "combat", "player"))  # flee: +x at speed
+        end = run(controller, 1.0)
+        controller.deliver(push("sue", "chitchat", "player"))  # approach: -x
+        vx = [float(controller.crowd.vel[0, 0])]
+        run(
+            controller,
+            1.0,
+            start=end,
+            each=lambda now: vx.append(float(controller.crowd.vel[0, 0])),
+        )
+        assert vx[0] > 2.5 and vx[-1] < -1.0  # it did turn around
+        return max(abs(b - a) for a, b in itertools.pairwise(vx))
+
+    # 4.6 m/s of change spread over 0.4 s (smoothstep peaks at 1.5x the mean slope).
+    assert largest_step(0.4) < 4.6 * 1.5 * DT / 0.4 + 0.02
+    assert largest_step(0.0) > 4.0  # without blending, the same change is one pop
+
+
+def test_a_switch_in_the_middle_of_a_blend_stays_smooth() -> None:
+    table = ArchetypeTable()
+    table.register(Archetype("sprinter", "civilian", 4.0, 1000.0, Behaviour(Policy.IDLE)))
+    controller = Controller(archetypes=table)
+    controller.add("sue", "sprinter", (10.0, 0.0))
+    controller.deliver(push("sue", "combat", "player"))
+    end = run(controller, 1.0)
+    vx = [float(controller.crowd.vel[0, 0])]
+
+    def watch(now: float) -> None:
+        vx.append(float(controller.crowd.vel[0, 0]))
+
+    for intent in ("chitchat", "combat", "chitchat"):  # a new intent every 0.2 s
+        controller.deliver(push("sue", intent, "player"))
+        end = run(controller, 0.2, start=end, each=watch)
+    assert max(abs(b - a) for a, b in itertools.pairwise(vx)) < 4.6 * 1.5 * DT / 0.4 + 0.02
+
+
+# -- intent cache -----------------------------------------------------------------------------
+
+
+def gold_npc(**settings: Any) -> tuple[Controller, RecordingSource]:
+    """A barkeep 5 m from the player (gold) whose first request goes out on the first frame."""
+    source = RecordingSource()
+    controller = Controller(settings=ControlSettings(**settings), source=source)
+    controller.add("marla", "barkeep", (5.0, 0.0))
+    controller.request_now("marla")
+    return controller, source
+
+
+def test_an_answer_to_another_request_is_stale_and_dropped() -> None:
+    controller, source = gold_npc()
+    controller.frame(DT, 0.0, ORIGIN)
+    ((request, tier),) = source.sent
+    assert tier == Tier.GOLD
+    controller.deliver(push("marla", "trade", "player", request_id="someone-elses"))
+    controller.frame(DT, DT, ORIGIN)
+    assert controller.intent_of("marla") is None
+    assert controller.stats().dropped_stale == 1
+    controller.deliver(answer(request, "trade", "player"))
+    controller.frame(DT, 2 * DT, ORIGIN)
+    assert controller.intent_of("marla") is not None
+    assert controller.stats().applied == 1
+
+
+def test_one_request_in_flight_then_timeout_then_ask_again() -> None:
+    controller, source = gold_npc(request_timeout_s=3.0, retry_after_s=0.5)
+    step = 0.05
+    run(controller, 2.95, dt=step)  # frames at 0.00 .. 2.90: gold asks at 2 Hz, but waits
+    assert len(source.sent) == 1
+    first = source.sent[0][0]
+    assert controller.intents.in_flight("marla") == first.request_id
+    end = run(controller, 0.5, start=2.95, dt=step)  # the timeout passes at 3.0
+    assert controller.stats().timed_out == 1
+    run(controller, 0.3, start=end, dt=step)  # asks again 0.5 s after the timeout
+    assert len(source.sent) == 2
+    second = source.sent[1][0]
+    assert second.request_id != first.request_id
+    controller.deliver(answer(first, "hint", "player"))  # the late answer to the first
+    controller.deliver(answer(second, "trade", "player"))
+    controller.frame(step, 4.0, ORIGIN)
+    intent = controller.intent_of("marla")
+    assert intent is not None and intent.request_id == second.request_id
+    stats = controller.stats()
+    assert (stats.dropped_stale, stats.answered, stats.applied) == (1, 1, 1)
+
+
+def test_an_answer_older_than_a_pushed_intent_is_stale() -> None:
+    controller, source = gold_npc()
+    controller.frame(DT, 0.0, ORIGIN)
+    ((request, _),) = source.sent
+    controller.deliver(push("marla", "quest", "player"))  # the server pushes meanwhile
+    controller.frame(DT, 0.5, ORIGIN)
+    controller.deliver(answer(request, "trade", "player"))  # asked at 0.0: older
+    controller.frame(DT, 1.0, ORIGIN)
+    intent = controller.intent_of("marla")
+    assert intent is not None and intent.intent == "quest"
+    stats = controller.stats()
+    assert (stats.pushed, stats.answered, stats.dropped_stale) == (1, 1, 1)
+
+
+def test_a_failed_request_is_asked_again_after_the_retry_delay() -> None:
+    controller, source = gold_npc(retry_after_s=1.0)
+    controller.frame(0.1, 0.0, ORIGIN)
+    ((request, _),) = source.sent
+    controller.fail(request, RuntimeError("model down"))
+    run(controller, 0.9, start=0.1, dt=0.1)  # the failure lands at 0.1; retry at 1.1
+    assert len(source.sent) == 1
+    run(controller, 0.2, start=1.0, dt=0.1)
+    assert len(source.sent) == 2
+    assert controller.stats().failed == 1
+
+
+def test_a_source_that_raises_fails_the_request_not_the_frame(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken:
+        def submit(self, request: IntentRequest, tier: Tier) -> None:
+            raise OSError("socket gone")
+
+    controller = Controller(source=Broken())
+    controller.add("marla", "barkeep", (5.0, 0.0))
+    controller.request_now("marla")
+    controller.frame(DT, 0.0, ORIGIN)
+    assert controller.stats().failed == 1
+    assert controller.intents.in_flight("marla") is None
+    assert "socket gone" in caplog.text
+
+
+def test_an_expired_intent_falls_back_to_the_archetype_default() -> None:
+    controller = Controller(settings=ControlSettings(intent_ttl_s=2.0))
+    controller.add("ann", "villager", (5.0, 0.0))
+    controller.add("zed", "zombie", (50.0, 0.0))
+    controller.deliver(push("ann", "combat", "player"))
+    controller.deliver(push("zed", "navigation", None))
+    end = run(controller, 1.9)
+    assert controller.crowd.policy[row(controller, "ann")] == Policy.FLEE
+    run(controller, 0.2, start=end)
+    assert controller.crowd.policy[row(controller, "ann")] == Policy.WANDER
+    assert controller.crowd.policy[row(controller, "zed")] == Policy.HORDE
+    assert controller.intent_of("ann") is None
+    assert controller.stats().expired == 2
+
+
+def test_an_update_delivered_mid_frame_waits_for_the_next_frame() -> None:
+    class ThreadedSource:
+        """Answers from another thread while the frame is still running."""
+
+        def __init__(self, controller: Controller) -> None:
+            self.controller = controller
+
+        def submit(self, request: IntentRequest, tier: Tier) -> None:
+            reply = threading.Thread(
+                target=self.controller.deliver, args=(answer(request, "chitchat", "player"),)
+            )
+            reply.start()
+            reply.join(5)
+
+    controller = Controller()
+    controller.source = ThreadedSource(controller)
+    controller.add("ann", "villager", (10.0, 0.0))
+    controller.request_now("ann")
+    controller.frame(DT, 0.0, ORIGIN)
+    assert controller.intents.waiting == 1  # arrived during the frame ...
+    assert controller.intent_of("ann") is None  # ... and was not applied in it
+    assert controller.crowd.policy[row(controller, "ann")] == Policy.WANDER
+    controller.frame(DT, DT, ORIGIN)
+    assert controller.intent_of("ann") is not None
+    assert controller.crowd.policy[row(controller, "ann")] == Policy.SEEK
+
+
+def test_updates_from_many_threads_are_all_applied() -> None:
+    controller = Controller()
+    ids = [f"v{k}" for k in range(4)]
+    for k, npc_id in enumerate(ids):
+        controller.add(npc_id, "villager", (float(k), 0.0))
+
+    def flood(npc_id: str) -> None:
+        for _ in range(250):
+            controller.deliver(push(npc_id, "chitchat", None))
+
+    threads = [threading.Thread(target=flood, args=(i,)) for i in ids]
+    for t in threads:
+        t.start()
+    now = 0.0
+    while any(t.is_alive() for t in threads):
+        controller.frame(DT, now, ORIGIN)
+        now += DT
+    for t in threads:
+        t.join(5)
+    controller.frame(DT, now, ORIGIN)
+    stats = controller.stats()
+    assert stats.pushed == stats.applied == 1000
+    assert controller.intents.waiting == 0
+
+
+# -- tiers ------------------------------------------------------------------------------------
+
+
+def tier_at(controller: Controller, distance: float, now: float) -> Tier:
+    controller.frame(0.1, now, Player((distance, 0.0)))
+    return controller.tier_of("npc")
+
+
+def test_tiers_have_hysteresis() -> None:
+    controller = Controller()
+    controller.add("npc", "barkeep", (0.0, 0.0))
+    assert tier_at(controller, 30.0, 0.0) == Tier.SILVER  # 30 m: not inside 25 m
+    wobble = [28.0, 32.0, 29.0, 31.0, 30.0] * 4
+    assert {tier_at(controller, d, 0.1 * (k + 1)) for k, d in enumerate(wobble)} == {Tier.SILVER}
+    assert tier_at(controller, 24.0, 3.0) == Tier.GOLD  # crossing 25 m promotes
+    later = [30.0, 34.0, 26.0, 34.9] * 4
+    assert {tier_at(controller, d, 3.1 + 0.1 * k) for k, d in enumerate(later)} == {Tier.GOLD}
+    assert tier_at(controller, 35.5, 6.0) == Tier.SILVER  # crossing 35 m demotes
+    assert tier_at(controller, 81.0, 6.1) == Tier.BRONZE
+
+
+def test_budgets_keep_the_nearest_and_the_important() -> None:
+    settings = ControlSettings(gold=TierBand(25.0, 35.0, 200, 2.0))
+    controller = Controller(settings=settings)
+    distances = np.linspace(1.0, 20.0, 300)
+    for k, d in enumerate(distances):
+        controller.add(f"n{k}", "villager", (float(d), 0.0))
+    controller.add("quest", "villager", (0.0, 30.0), quest=True)
+    controller.add("friend", "villager", (0.0, -30.0), relationship=0.9)
+    controller.frame(DT, 0.0, ORIGIN)
+    stats = controller.stats()
+    assert (stats.gold, stats.silver) == (200, 102)
+    assert controller.tier_of("quest") == Tier.GOLD  # 30 m, boosted, ranked as 10 m
+    assert controller.tier_of("friend") == Tier.GOLD
+    gold = [controller.tier_of(f"n{k}") == Tier.GOLD for k in range(300)]
+    assert gold == [True] * 198 + [False] * 102  # the nearest plain ones
+    controller.set_flags("quest", quest=False)
+    controller.frame(DT, 1.0, ORIGIN)
+    assert controller.tier_of("quest") == Tier.SILVER
+
+
+def test_tier_sets_the_request_rate_and_model_tier() -> None:
+    controller = Controller()
+    source = AnsweringSource(controller)
+    controller.source = source
+    controller.add("near", "barkeep", (10.0, 0.0))
+    controller.add("mid", "barkeep", (50.0, 0.0))
+    controller.add("far", "barkeep", (100.0, 0.0))
+    run(controller, 20.0, dt=0.05)
+    by_npc = {npc: [t for r, t in source.sent if r.npc_id == npc] for npc in ("near", "mid", "far")}
+    assert 34 <= len(by_npc["near"]) <= 46  # 2 Hz with jitter
+    assert 8 <= len(by_npc["mid"]) <= 12  # 0.5 Hz
+    assert by_npc["far"] == []  # bronze: never
+    assert set(by_npc["near"]) == {Tier.GOLD}
+    assert set(by_npc["mid"]) == {Tier.SILVER}
+
+
+def test_a_tier_change_keeps_the_running_intent() -> None:
+    controller = Controller()
+    controller.add("ann", "villager", (10.0, 0.0))
+    controller.deliver(push("ann", "combat", "player"))
+    controller.frame(DT, 0.0, ORIGIN)
+    assert controller.tier_of("ann") == Tier.GOLD
+    controller.frame(DT, 0.5, Player((-200.0, 0.0)))
+    assert controller.tier_of("ann") == Tier.BRONZE
+    assert controller.intent_of("ann") is not None
+    assert controller.crowd.policy[row(controller, "ann")] == Policy.FLEE
+
+
+# -- prediction -------------------------------------------------------------------------------
+
+
+def test_prediction_prefetches_the_greeting_and_counts_hits() -> None:
+    source = RecordingSource()
+    controller = Controller(source=source)
+    controller.add("ahead", "barkeep", (8.0, 0.5))
+    controller.add("aside", "barkeep", (0.0, 8.0))
+    controller.add("behind", "barkeep", (-5.0, 0.0))
+    controller.add("zed", "zombie", (4.0, 0.0))  # closer, but zombies do not talk
+    walking = Player((0.0, 0.0), (1.4, 0.0), 0.0)
+    controller.frame(DT, 0.0, walking)
+    assert controller.predicted == "ahead"
+    (prefetch,) = source.for_npc("ahead")
+    assert prefetch.with_bark and prefetch.context
+    controller.deliver(answer(prefetch, "chitchat", "player", bark="Welcome, traveller!"))
+    controller.frame(DT, DT, walking)
+    assert controller.take_bark("ahead") == "Welcome, traveller!"
+    assert controller.take_bark("ahead") is None
+    assert controller.interacted("ahead", 1.0)
+    assert not controller.interacted("behind", 2.0)
+    stats = controller.stats()
+    assert (stats.prediction_hits, stats.prediction_misses, stats.prefetches) == (1, 1, 1)
+    assert stats.hit_rate == 0.5
+
+
+def test_a_prediction_counts_within_its_window() -> None:
+    controller = Controller()
+    controller.add("ahead", "barkeep", (8.0, 0.0))
+    controller.add("behind", "barkeep", (-8.0, 0.0))
+    controller.frame(DT, 0.0, Player((0.0, 0.0), facing=0.0))
+    controller.frame(DT, 1.0, Player((0.0, 0.0), facing=math.pi))  # the player turns round
+    assert controller.predicted == "behind"
+    assert controller.interacted("ahead", 1.2)  # predicted 1.2 s ago: inside 1.5 s
+    controller.frame(DT, 3.0, Player((0.0, 0.0), facing=math.pi))
+    assert not controller.interacted("ahead", 3.0)
+    assert controller.stats().predictions == 2
+
+
+# -- the frame never waits ------------------------------------------------------------------
+
+
+class SignallingSink:
+    """Forwards to the controller and says when something arrived."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        self.arrived = threading.Event()
+
+    def deliver(self, update: IntentUpdate) -> None:
+        self.controller.deliver(update)
+        self.arrived.set()
+
+    def fail(self, request: IntentRequest, error: BaseException | None = None) -> None:
+        self.controller.fail(request, error)
+        self.arrived.set()
+
+
+def test_a_pending_fetch_never_delays_the_frame() -> None:
+    started = threading.Event()
+
+    async def fetch(request: IntentRequest) -> IntentUpdate:
+        started.set()
+        await asyncio.Event().wait()  # the model never answers
+        raise AssertionError("unreachable")
+
+    controller = Controller()
+    controller.add("marla", "barkeep", (5.0, 0.0))
+    source = AsyncIntentSource(fetch)
+    sink = SignallingSink(controller)
+    source.start(sink)
+    controller.source = source
+    try:
+        controller.request_now("marla")
+        controller.frame(DT, 0.0, ORIGIN)
+        assert started.wait(5)
+        end = run(controller, 1.0, start=DT)  # 60 frames while the fetch hangs
+        assert controller.stats().frames == 61
+        assert controller.intents.in_flight("marla") is not None
+    finally:
+        source.close()
+    assert sink.arrived.wait(5)  # closing fails the hanging request back to the controller
+    controller.frame(DT, end, ORIGIN)
+    assert controller.stats().failed == 1
+    assert not source.running
+    assert not [t for t in threading.enumerate() if t.name == "mythic-intents"]
+
+
+def test_async_source_delivers_answers_and_failures() -> None:
+    async def fetch(request: IntentRequest) -> IntentUpdate:
+        await asyncio.sleep(0)
+        if request.npc_id == "broken":
+            raise RuntimeError("model down")
+        return IntentUpdate(
+            npc_id=request.npc_id, intent="trade", target="player", request_id="sdk-1"
+        )
+
+    controller = Controller()
+    controller.add("marla", "barkeep", (5.0, 0.0))
+    controller.add("broken", "barkeep", (-5.0, 0.0))
+    with AsyncIntentSource(fetch, max_concurrency=2) as source:
+        sink = SignallingSink(controller)
+        source.start(sink)
+        controller.source = source
+        for npc_id in ("marla", "broken"):
+            sink.arrived.clear()
+            controller.request_now(npc_id)
+            controller.frame(DT, 0.0, ORIGIN)
+            assert sink.arrived.wait(5)
+        controller.frame(DT, DT, ORIGIN)
+    intent = controller.intent_of("marla")
+    assert intent is not None and intent.intent == "trade"
+    assert intent.request_id != "sdk-1"  # re-stamped with the request it answers
+    stats = controller.stats()
+    assert (stats.answered, stats.failed) == (1, 1)
+    assert not [t for t in threading.enumerate() if t.name == "mythic-intents"]
+
+
+def test_async_source_serves_gold_before_silver_before_bronze() -> None:
+    started = threading.Event()
+    gate: dict[str, asyncio.Event] = {}
+
+    async def fetch(request: IntentRequest) -> IntentUpdate:
+        if request.npc_id == "first":
+            gate["open"] = asyncio.Event()
+            started.set()
+            await gate["open"].wait()  # holds the only worker while the others queue
+        return IntentUpdate(npc_id=request.npc_id, intent="hint", request_id=request.request_id)
+
+    order: list[str] = []
+    done = threading.Event()
+
+    class Recorder:
+        def deliver(self, update: IntentUpdate) -> None:
+            order.append(update.npc_id)
+            if len(order) == 4:
+                done.set()
+
+        def fail(self, request: IntentRequest, error: BaseException | None = None) -> None:
+            raise AssertionError(f"{request.npc_id} failed: {error!r}")
+
+    def request(npc_id: str) -> IntentRequest:
+        return IntentRequest(npc_id=npc_id, request_id=f"r-{npc_id}")
+
+    with AsyncIntentSource(fetch, max_concurrency=1) as source:
+        source.start(Recorder())
+        source.submit(request("first"), Tier.BRONZE)
+        assert started.wait(5)
+        source.submit(request("bronze"), Tier.BRONZE)
+        source.submit(request("silver"), Tier.SILVER)
+        source.submit(request("gold"), Tier.GOLD)
+        source.loop.call_soon_threadsafe(gate["open"].set)  # runs after the three are queued
+        assert done.wait(5)
+    assert order == ["first", "gold", "silver", "bronze"]
+
+
+def test_async_source_can_run_on_the_games_own_loop() -> None:
+    loop = asyncio.new_event_loop()
+    network = threading.Thread(target=loop.run_forever, name="game-network")
+    network.start()
+    try:
+
+        async def fetch(request: IntentRequest) -> IntentUpdate:
+            assert asyncio.get_running_loop() is loop
+            return IntentUpdate(npc_id=request.npc_id, intent="quest", request_id="x")
+
+        controller = Controller()
+        controller.add("marla", "barkeep", (5.0, 0.0))
+        source = AsyncIntentSource(fetch, loop=loop)
+        sink = SignallingSink(controller)
+        source.start(sink)
+        controller.source = source
+        controller.request_now("marla")
+        controller.frame(DT, 0.0, ORIGIN)
+        assert sink.arrived.wait(5)
+        source.close()
+        assert loop.is_running()  # the game's loop is not the source's to stop
+        controller.frame(DT, DT, ORIGIN)
+        intent = controller.intent_of("marla")
+        assert intent is not None and intent.intent == "quest"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        network.join(5)
+        loop.close()
+
+
+def test_submit_after_close_fails_the_request() -> None:
+    async def fetch(request: IntentRequest) -> IntentUpdate:
+        raise AssertionError("never called")
+
+    controller = Controller()
+    controller.add("marla", "barkeep", (5.0, 0.0))
+    source = AsyncIntentSource(fetch)
+    source.start(controller)
+    source.close()
+    controller.source = source
+    controller.request_now("marla")
+    controller.frame(DT, 0.0, ORIGIN)  # submit fails into the inbox
+    controller.frame(DT, DT, ORIGIN)
+    assert controller.stats().failed == 1
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+def test_updates_for_unknown_npcs_are_ignored_and_counted() -> None:
+    controller = Controller()
+    controller.add("ann", "villager", (1.0, 0.0))
+    controller.deliver(push("ghost", "chitchat", "player"))
+    controller.frame(DT, 0.0, ORIGIN)
+    assert controller.stats().unknown_npc == 1
+    assert controller.intent_of("ghost") is None
+
+
+def test_nan_and_bad_values_are_refused() -> None:
+    controller = Controller()
+    with pytest.raises(ValueError, match="finite"):
+        controller.add("ann", "villager", (math.nan, 0.0))
+    with pytest.raises(ValueError, match="two numbers"):
+        controller.add("ann", "villager", (1.0,))
+    with pytest.raises(ValueError, match="player position must be finite"):
+        Player((0.0, math.inf))
+    controller.add("ann", "villager", (1.0, 0.0))
+    with pytest.raises(ValueError, match="finite"):
+        controller.teleport("ann", (0.0, math.nan))
+    with pytest.raises(ValueError, match="finite"):
+        controller.crowd.set_positions(np.array([0]), np.array([[math.nan, 0.0]]))
+    with pytest.raises(ValueError, match="dt"):
+        controller.frame(math.nan, 0.0, ORIGIN)
+    with pytest.raises(ValueError, match="dt"):
+        controller.frame(-DT, 0.0, ORIGIN)
+    with pytest.raises(ValueError, match="protocol id"):
+        controller.add("has space", "villager", (0.0, 0.0))
+    with pytest.raises(ValueError, match="already"):
+        controller.add("ann", "villager", (0.0, 0.0))
+    assert np.isfinite(controller.crowd.positions).all()
+
+
+def test_unknown_archetype_intent_and_target_follow_the_rules() -> None:
+    controller = Controller()
+    with pytest.raises(ValueError, match="unknown archetype 'dragon'; known: barkeep"):
+        controller.add("smaug", "dragon", (0.0, 0.0))
+    controller.add("zed", "zombie", (10.0, 0.0))
+    controller.add("ann", "villager", (5.0, 0.0))
+    # A zombie does not trade: no rule, so it keeps its default (the horde).
+    controller.deliver(push("zed", "trade", "player"))
+    # An intent outside the protocol (unvalidated) runs the default and is counted.
+    controller.deliver(IntentUpdate.model_construct(npc_id="ann", intent="dance", target=None))
+    controller.frame(DT, 0.0, ORIGIN)
+    assert controller.crowd.policy[row(controller, "zed")] == Policy.HORDE
+    assert controller.crowd.policy[row(controller, "ann")] == Policy.WANDER
+    assert controller.stats().unmapped_intent == 1
+    # A target nobody knows: counted, and the intent runs as if it named none.
+    controller.deliver(push("ann", "chitchat", "the_moon"))
+    controller.frame(DT, DT, ORIGIN)
+    assert controller.stats().unknown_target == 1
+    assert controller.crowd.policy[row(controller, "ann")] == Policy.WANDER
+    # Combat naming nobody is combat with the player.
+    controller.deliver(push("ann", "combat", None))
+    controller.frame(DT, 2 * DT, ORIGIN)
+    assert controller.crowd.policy[row(controller, "ann")] == Policy.FLEE
+
+
+def test_without_numpy_the_import_names_the_extra() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['numpy'] = None\n"
+        "try:\n"
+        "    import mythic.control\n"
+        "except ImportError as exc:\n"
+        "    print(type(exc).__name__, exc.extra)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["MissingExtraError", "control"]
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="demote_beyond"):
+        TierBand(30.0, 20.0, 10, 1.0)
+    with pytest.raises(ValueError, match="blend_s"):
+        ControlSettings(blend_s=-1.0)
+    with pytest.raises(ValueError, match="intent_ttl_s"):
+        ControlSettings(intent_ttl_s=math.nan)
+
+
+# -- the crowd --------------------------------------------------------------------------------
+
+
+def test_removing_an_npc_keeps_ids_and_targets_right() -> None:
+    controller = Controller(capacity=2)
+    for k in range(100):  # grows by doubling from 2
+        controller.add(f"n{k}", "villager", (float(k), 0.0))
+    assert [controller.crowd.id_at(k) for k in range(100)] == [f"n{k}" for k in range(100)]
+    assert controller.crowd.pos[99, 0] == 99.0
+    controller.add("alice", "villager", (0.0, 5.0))
+    controller.add("bob", "villager", (0.0, 8.0))
+    controller.add("dave", "guard", (0.0, 9.0))
+    controller.deliver(push("bob", "navigation", "alice"))  # bob follows alice
+    controller.deliver(push("n0", "navigation", "dave"))  # n0 follows dave, the last row
+    controller.frame(DT, 0.0, ORIGIN)
+    assert controller.crowd.policy[row(controller, "bob")] == Policy.FOLLOW
+
+    controller.remove("alice")  # dave moves into alice's row
+    controller.frame(DT, DT, ORIGIN)
+    crowd = controller.crowd
+    assert "alice" not in crowd and len(crowd) == 102
+    assert all(crowd.index_of(npc) == k for k, npc in enumerate(crowd.ids))
+    assert crowd.policy[row(controller, "bob")] == Policy.WANDER  # its target is gone
+    assert controller.intent_of("bob") is None
+    assert crowd.target[row(controller, "n0")] == row(controller, "dave")
+    assert crowd.policy[row(controller, "n0")] == Policy.FOLLOW
+    with pytest.raises(KeyError):
+        controller.remove("alice")
