@@ -43,7 +43,8 @@ ALLOWED: dict[str, set[str]] = {
     # A game vendors the client without the server: it may import only the wire contracts.
     "client": {"_errors", "_extras", "contracts"},
     "control": {"_errors", "contracts"},
-    "cli": BASE | {"engine", "knowledge", "memory", "route", "dialogue", "server", "client"},
+    "cli": BASE
+    | {"engine", "knowledge", "memory", "route", "dialogue", "server", "client", "control"},
 }
 HEAVY = ["llama_cpp", "torch", "numpy", "transformers", "redis", "asyncpg"]
 

@@ -899,6 +899,106 @@ def _read_lines() -> Iterator[str]:
         yield line
 
 
+# -- sim ----------------------------------------------------------------------------------------
+
+
+@app.command()
+def sim(
+    world: Annotated[
+        Path, typer.Option("--world", "-w", help="World whose personas answer the intents.")
+    ] = Path("examples/worlds/ravenmoor"),
+    npcs: Annotated[int, typer.Option(help="NPCs in the region, the horde included.")] = 1000,
+    horde: Annotated[int, typer.Option(help="Zombies in the horde.")] = 300,
+    seconds: Annotated[float, typer.Option(help="How long to run, in real time.")] = 20.0,
+    fps: Annotated[float, typer.Option(help="Frames per second to pace at.")] = 300.0,
+    server: Annotated[
+        str | None,
+        typer.Option("--server", "-s", help="Ask a running server: ws://HOST:PORT/v1/ws"),
+    ] = None,
+    model: Annotated[
+        bool, typer.Option("--model/--no-model", help="Intent updates from the model.")
+    ] = True,
+    threads: Annotated[
+        int, typer.Option(help="Cores for the model when sim starts its own server.")
+    ] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the region and the steering.")] = 0,
+) -> None:
+    """A headless region: a player walks through a town, its monsters and a zombie horde, every
+    NPC steered at frame rate by the game-side controller while the NPCs near the player get
+    intents from the model (a server of its own, or --server). Prints frame-time statistics."""
+    _guard(lambda: _sim(world, npcs, horde, seconds, fps, server, model, threads, seed))
+
+
+def _sim(
+    world: Path,
+    npcs: int,
+    horde: int,
+    seconds: float,
+    fps: float,
+    server: str | None,
+    model: bool,
+    threads: int,
+    seed: int,
+) -> None:
+    import contextlib
+
+    from mythic.cli._sim import (
+        FRAME_BUDGET_S,
+        RegionSpec,
+        build_region,
+        cpu_model_settings,
+        percentile,
+        run_paced,
+        server_fetch,
+        spawned_server,
+        speakers,
+    )
+    from mythic.client import MythicClient
+    from mythic.control import AsyncIntentSource, Controller
+
+    try:
+        spec = RegionSpec(npcs=npcs, horde=horde, seed=seed)
+        settings = cpu_model_settings(seed)
+    except ValueError as exc:
+        raise MythicError(str(exc)) from None
+    controller = Controller(settings=settings, capacity=npcs)
+    path = build_region(controller, spec)
+    with contextlib.ExitStack() as stack:
+        if model:
+            speaker_of = speakers(world)
+            if server is None:
+                err.print(f"starting a server for {world} ({threads} core(s) for the model)...")
+                server = stack.enter_context(spawned_server(world, threads=threads))
+            client = MythicClient(server, timeout_s=10.0)
+            source = AsyncIntentSource(
+                server_fetch(client, speaker_of, settings.player_id), max_concurrency=16
+            )
+            source.start(controller)
+            stack.callback(source.close)
+            source.run(client.connect()).result(60)
+            stack.callback(lambda: source.run(client.aclose()).result(10))
+            controller.source = source
+        err.print(f"running {npcs} NPCs ({horde} in the horde) for {seconds:g} s at {fps:g} fps")
+        run = run_paced(controller, path, seconds=seconds, fps=fps)
+    stats = run.stats
+    ms = [s * 1000 for s in run.frame_s]
+    out.print(
+        f"frames {len(ms)}  frame p50 {percentile(ms, 0.5):.2f} ms  p99 "
+        f"{percentile(ms, 0.99):.2f} ms  max {max(ms, default=0):.2f} ms  over "
+        f"{FRAME_BUDGET_S * 1000:.1f} ms: {run.over_budget}"
+    )
+    out.print(
+        f"tiers gold {stats.gold} silver {stats.silver} bronze {stats.bronze}  intents sent "
+        f"{stats.requests_sent} applied {stats.applied} ({run.applied_per_s:.1f}/s) stale "
+        f"{stats.dropped_stale} timed out {stats.timed_out} failed {stats.failed}"
+    )
+    hit = "-" if stats.prediction_hits + stats.prediction_misses == 0 else f"{stats.hit_rate:.2f}"
+    out.print(
+        f"interactions {stats.prediction_hits + stats.prediction_misses}  predicted {hit}  "
+        f"prefetches {stats.prefetches}"
+    )
+
+
 def main() -> None:
     """Entry point of the `mythic` console script."""
     app()
