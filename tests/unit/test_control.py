@@ -32,7 +32,7 @@ from mythic.control import (
     Tier,
     TierBand,
 )
-from mythic.control._grid import close_pairs
+from mythic.control._grid import NeighbourList, close_pairs, neighbourhood_means
 
 pytestmark = pytest.mark.unit
 
@@ -352,6 +352,144 @@ def test_a_switch_in_the_middle_of_a_blend_stays_smooth() -> None:
         controller.deliver(push("sue", intent, "player"))
         end = run(controller, 0.2, start=end, each=watch)
     assert max(abs(b - a) for a, b in itertools.pairwise(vx)) < 4.6 * 1.5 * DT / 0.4 + 0.02
+
+
+def test_a_horde_refreshing_separation_seldom_still_never_overlaps() -> None:
+    # Separation steering four times a second and a wide skin (few searches): bodies are
+    # still checked against exactly the close pairs every frame.
+    settings = ControlSettings(seed=3, separation_period_s=0.25, neighbour_skin_m=1.0)
+    controller = Controller(settings=settings)
+    rng = np.random.default_rng(0)
+    for k, p in enumerate(rng.random((200, 2)) * 20 - 10 + (12.0, 0.0)):
+        controller.add(f"z{k}", "zombie", p)
+    gaps: list[float] = []
+
+    def measure(now: float) -> None:
+        if now > 10.0 and round(now / DT) % 10 == 0:
+            gaps.append(min_pair_distance(controller.crowd.positions))
+
+    run(controller, 30.0, each=measure)
+    assert min(gaps) >= 0.9 * 2 * 0.3
+    pos = controller.crowd.positions
+    assert float(np.linalg.norm(pos, axis=1).max()) <= 8.0  # packed around the player
+    assert controller.steering.neighbours.builds < 30.0 / DT / 4
+
+
+def test_npcs_added_removed_or_teleported_between_frames_are_pushed_apart() -> None:
+    controller = Controller()
+    for k in range(30):
+        controller.add(f"b{k}", "barkeep", (k * 2.0, 0.0))  # idle, 2 m apart
+    end = run(controller, 0.5)
+    controller.remove("b5")  # the last row moves into b5's
+    controller.add("late", "barkeep", (40.1, 0.0))  # on top of b20
+    controller.teleport("b3", (20.05, 0.0))  # on top of b10
+    run(controller, 0.5, start=end)
+    assert min_pair_distance(controller.crowd.positions) >= 0.9 * 2 * 0.3
+
+
+# -- neighbour search -------------------------------------------------------------------------
+
+
+def brute_pairs(pos: np.ndarray, radius: float) -> set[tuple[int, int]]:
+    """Every pair closer than `radius`, by comparing all of them (same float32 arithmetic)."""
+    d = pos[None, :, :] - pos[:, None, :]
+    d2 = d[..., 0] * d[..., 0] + d[..., 1] * d[..., 1]
+    i, j = np.nonzero(np.triu(d2 < np.float32(radius * radius), 1))
+    return set(zip(i.tolist(), j.tolist(), strict=True))
+
+
+def pair_set(i: np.ndarray, j: np.ndarray) -> set[tuple[int, int]]:
+    return set(zip(np.minimum(i, j).tolist(), np.maximum(i, j).tolist(), strict=True))
+
+
+def layout(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    if kind == "scatter":
+        pos = rng.random((n, 2)) * 20 - 10
+    elif kind == "on_cell_edges":  # on multiples of the radius, with duplicates
+        pos = np.round(rng.random((n, 2)) * 10) * 0.6
+    elif kind == "far_from_origin":
+        pos = rng.random((n, 2)) * 5 + 1e5
+    elif kind == "one_column":
+        pos = np.stack([rng.random(n) * 0.01, rng.random(n) * 200], axis=1)
+    else:  # a dense cluster
+        pos = rng.normal(0, 2, (n, 2))
+    return pos.astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "kind", ["scatter", "on_cell_edges", "far_from_origin", "one_column", "cluster"]
+)
+def test_close_pairs_finds_exactly_the_close_pairs_once(kind: str) -> None:
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 2, 60, 300):
+        pos = layout(kind, n, rng)
+        for radius in (0.6, 1.2, 1.7):
+            i, j, delta, dist = close_pairs(pos, radius)
+            found = pair_set(i, j)
+            assert len(found) == len(i)
+            assert found == brute_pairs(pos, radius)
+            assert np.array_equal(delta, pos[j] - pos[i])
+            np.testing.assert_allclose(dist, np.hypot(delta[:, 0], delta[:, 1]), rtol=1e-6)
+
+
+def test_close_pairs_leaves_out_positions_that_are_not_finite() -> None:
+    pos = np.array([[0, 0], [0.5, 0], [np.nan, 0], [0.2, np.inf], [0.3, 0.1]], np.float32)
+    i, j, _, _ = close_pairs(pos, 1.2)
+    assert pair_set(i, j) == {(0, 1), (0, 4), (1, 4)}
+
+
+@pytest.mark.parametrize("skin", [0.0, 0.5])
+@pytest.mark.parametrize("velocity", ["none", "right", "wrong"])
+def test_the_neighbour_list_finds_what_a_new_search_finds(skin: float, velocity: str) -> None:
+    rng = np.random.default_rng(3)
+    pos = (rng.random((250, 2)) * 20).astype(np.float32)
+    neighbours = NeighbourList(1.2, skin)
+    frames = 200
+    for frame in range(frames):
+        moving = rng.random(250) < 0.5
+        pos[moving] += rng.normal(0, 0.01, (int(moving.sum()), 2)).astype(np.float32)
+        pos += np.float32(0.02)  # and the whole crowd walks on together
+        if frame == 100:
+            pos[7] = pos[200] + 0.1  # teleported next to someone
+        # Velocities only guide where a search in the background looks: right or wrong,
+        # the pairs are exact.
+        vel = {
+            "none": None,
+            "right": np.full((250, 2), 0.02 / DT, dtype=np.float32),
+            "wrong": rng.normal(0, 3, (250, 2)).astype(np.float32),
+        }[velocity]
+        pairs = neighbours.pairs(pos, "rows", vel, DT)
+        assert pair_set(pairs.i, pairs.j) == brute_pairs(pos, 1.2)
+        assert np.array_equal(pairs.dx, pos[pairs.j, 0] - pos[pairs.i, 0])
+    if skin and velocity != "wrong":
+        assert neighbours.builds < frames / 10  # it searched again only now and then ...
+        assert neighbours.waits == 2  # ... in the background, but for the first and the jump
+    for _ in range(5):  # flung about: no list lasts a frame
+        pos += rng.normal(0, 1.0, pos.shape).astype(np.float32)
+        pairs = neighbours.pairs(pos, "rows")
+        assert pair_set(pairs.i, pairs.j) == brute_pairs(pos, 1.2)
+    shuffled = pos[::-1].copy()  # the same places, the rows in another order
+    pairs = neighbours.pairs(shuffled, "other rows")
+    assert pair_set(pairs.i, pairs.j) == brute_pairs(shuffled, 1.2)
+
+
+@pytest.mark.parametrize("spread", [20.0, 5000.0])  # a table over the box; sorted cells
+def test_neighbourhood_means_average_the_others_in_the_3x3_cells(spread: float) -> None:
+    rng = np.random.default_rng(2)
+    pos = (rng.random((300, 2)) * spread).astype(np.float32)
+    pos[:100] = pos[100:200] + np.float32(1.5)  # neighbours even when spread far and wide
+    vel = rng.normal(0, 1, (300, 2)).astype(np.float32)
+    means = neighbourhood_means(pos[:, 0], pos[:, 1], vel[:, 0], vel[:, 1], 4.0)
+    cell = np.floor(pos * np.float32(1 / 4.0))
+    for k in range(300):
+        others = np.all(np.abs(cell - cell[k]) <= 1, axis=1)
+        others[k] = False
+        if others.any():
+            want = [*pos[others].mean(axis=0), *vel[others].mean(axis=0)]
+        else:
+            want = [*pos[k], 0.0, 0.0]
+        got = [float(m[k]) for m in means]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
 # -- intent cache -----------------------------------------------------------------------------
@@ -866,6 +1004,10 @@ def test_settings_are_validated() -> None:
         ControlSettings(blend_s=-1.0)
     with pytest.raises(ValueError, match="intent_ttl_s"):
         ControlSettings(intent_ttl_s=math.nan)
+    with pytest.raises(ValueError, match="neighbour_skin_m"):
+        ControlSettings(neighbour_skin_m=-0.1)
+    with pytest.raises(ValueError, match="separation_period_s"):
+        ControlSettings(separation_period_s=-1.0)
 
 
 # -- the crowd --------------------------------------------------------------------------------

@@ -348,8 +348,10 @@ class Controller:
         n = len(crowd)
         if n == 0:
             return
-        rel = crowd.pos[:n] - np.asarray(player.position, dtype=np.float32)
-        dist = np.sqrt(np.einsum("ij,ij->i", rel, rel))
+        px, py = (np.float32(v) for v in player.position)
+        rx = crowd.pos[:n, 0] - px
+        ry = crowd.pos[:n, 1] - py
+        dist = np.sqrt(rx * rx + ry * ry)
         old = crowd.tier[:n].copy()
         new = assign_tiers(dist, old, crowd.quest[:n], crowd.relationship[:n], self.settings)
         crowd.tier[:n] = new

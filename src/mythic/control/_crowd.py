@@ -169,6 +169,7 @@ class Crowd:
     def __init__(self, archetypes: ArchetypeTable | None = None, capacity: int = 64) -> None:
         self.archetypes = archetypes if archetypes is not None else ArchetypeTable()
         self._n = 0
+        self._revision = 0
         self._capacity = max(1, capacity)
         for name, dtype, shape, fill in _COLUMNS:
             setattr(self, name, np.full((self._capacity, *shape), fill, dtype=dtype))
@@ -187,6 +188,12 @@ class Crowd:
 
     def __len__(self) -> int:
         return self._n
+
+    @property
+    def revision(self) -> int:
+        """A number that changes whenever rows are added, removed or moved (not when columns
+        change): whatever was cached per row is stale when it differs."""
+        return self._revision
 
     def __contains__(self, npc_id: object) -> bool:
         return npc_id in self._index
@@ -270,6 +277,7 @@ class Crowd:
         self._ids.append(npc_id)
         self._index[npc_id] = row
         self._n += 1
+        self._revision += 1
         self.apply_defaults(np.array([row], dtype=np.intp), blend_s=0.0)
         return row
 
@@ -298,6 +306,7 @@ class Crowd:
         self._ids.pop()
         del self._index[npc_id]
         self._n = last
+        self._revision += 1
         lost[row], moved[row] = lost[last], moved[last]
         live = self.target[:last]
         live[moved[:last]] = row

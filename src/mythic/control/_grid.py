@@ -1,34 +1,64 @@
-"""A uniform spatial hash over NPC positions, built from scratch each frame with NumPy.
+"""Neighbour search over NPC positions without a Python loop, and a neighbour list kept
+across frames.
 
-Neighbour queries cost O(N + pairs) instead of the O(N^2) of all pairs: positions are bucketed
-into square cells, sorted by cell, and each NPC is paired only with the NPCs of its own and the
-adjacent cells. Building is a sort; there is no Python loop over NPCs.
+Finding the pairs closer than a radius costs O(N log N + pairs) instead of the O(N^2) of all
+pairs: positions are cut into columns one radius wide and sorted by column, then height, so
+each NPC's possible partners are two runs of the sorted order (above it in its own column;
+beside it in the next). A sort and a few binary searches, whatever the layout.
+
+That is still dear at thousands of NPCs, and NPCs move centimetres per frame, so
+`NeighbourList` keeps the pairs within the radius *plus a skin* and reuses them for as long as
+no pair can have closed by more than the skin (a Verlet list): each frame then only measures
+the listed pairs again, and finds exactly the pairs a new search would. The next search runs
+in the background, a slice per frame, so that no frame pays for a whole one.
+
+Horde cohesion and alignment average over coarse square cells (`neighbourhood_means`).
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
 _OFFSET = 1 << 20  # cells: coordinates up to about a million cells from the origin
 _STRIDE = 1 << 21
-# Each unordered pair of adjacent cells once: the cell itself is handled separately.
-_HALF_NEIGHBOURS = ((1, -1), (1, 0), (1, 1), (0, 1))
 _ALL_NEIGHBOURS = tuple((dx, dy) for dx in (-1, 0, 1) for dy in (-1, 0, 1))
+_SKIN_ROUNDING = 1e-3  # this fraction of the skin is kept for float32 rounding
+_MOST_SLICES = 32  # a search in the background is spread over at most this many frames
 
 Index = NDArray[np.intp]
+F32 = NDArray[np.float32]
 
 
-def cell_keys(pos: NDArray[np.float32], cell: float) -> NDArray[np.int64]:
-    """One integer per position naming its cell (x-major, so `key + _STRIDE` is the cell
-    to the right and `key + 1` the cell above)."""
-    c = np.floor(pos / np.float32(cell)).astype(np.int64)
-    np.clip(c, -_OFFSET + 1, _OFFSET - 2, out=c)
-    keys: NDArray[np.int64] = (c[:, 0] + _OFFSET) * _STRIDE + (c[:, 1] + _OFFSET)
-    return keys
+def _cells(x: F32, y: F32, cell: float) -> tuple[Index, Index]:
+    """Each position's cell column and row (clipped to about a million cells from the
+    origin, so that far-off positions cannot overflow)."""
+    scale = np.float32(1 / cell)
+    out = []
+    for v in (x, y):
+        c = np.floor(v * scale)
+        np.clip(c, -_OFFSET + 1, _OFFSET - 2, out=c)
+        out.append(c.astype(np.intp))
+    return out[0], out[1]
 
 
-def _expand(starts: NDArray[np.intp], counts: NDArray[np.intp]) -> Index:
+def _table(cx: Index, cy: Index) -> tuple[Index, int, int] | None:
+    """Cells numbered x-major on a table over the bounding box with one empty cell all
+    round, or None when that table would be much larger than the number of positions (a
+    crowd spread far and wide). Returns `(cell, columns, rows)`."""
+    x0, y0 = int(cx.min()), int(cy.min())
+    columns = int(cx.max()) - x0 + 3
+    rows = int(cy.max()) - y0 + 3
+    if columns * rows > 6 * len(cx) + 4096:
+        return None
+    cell: Index = (cx - (x0 - 1)) * rows + (cy - (y0 - 1))
+    return cell, columns, rows
+
+
+def _expand(starts: Index, counts: Index) -> Index:
     """Concatenate the ranges [starts[k], starts[k] + counts[k]) without a loop."""
     total = int(counts.sum())
     shift = np.repeat(starts - np.cumsum(counts) + counts, counts)
@@ -36,92 +66,310 @@ def _expand(starts: NDArray[np.intp], counts: NDArray[np.intp]) -> Index:
     return out
 
 
-def close_pairs(
-    pos: NDArray[np.float32], radius: float
-) -> tuple[Index, Index, NDArray[np.float32], NDArray[np.float32]]:
+@dataclass(frozen=True, slots=True)
+class Pairs:
+    """Unordered pairs of rows, each once, with `pos[j] - pos[i]` and its squared length."""
+
+    i: Index
+    j: Index
+    dx: F32
+    dy: F32
+    d2: F32
+
+    def __len__(self) -> int:
+        return len(self.i)
+
+
+_NO_ROWS = np.zeros(0, dtype=np.intp)
+_NO_VALUES = np.zeros(0, dtype=np.float32)
+NO_PAIRS = Pairs(_NO_ROWS, _NO_ROWS, _NO_VALUES, _NO_VALUES, _NO_VALUES)
+
+
+def _measure(x: F32, y: F32, i: Index, j: Index, radius: float) -> Pairs:
+    """The pairs among (i, j) closer than `radius` at positions (x, y)."""
+    dx = x[j] - x[i]
+    dy = y[j] - y[i]
+    d2 = dx * dx + dy * dy
+    near = np.flatnonzero(d2 < np.float32(radius * radius))
+    return Pairs(i[near], j[near], dx[near], dy[near], d2[near])
+
+
+def _sort(key: NDArray[np.float64], hint: Index | None) -> Index:
+    """A stable order of `key`; `hint` is a previous order of nearly the same keys (sorting
+    what is almost sorted already is cheaper)."""
+    if hint is not None and len(hint) == len(key):
+        return hint[np.argsort(key[hint], kind="stable")]
+    order: Index = np.argsort(key, kind="stable")
+    return order
+
+
+class _Search:
+    """A search for every unordered pair of positions closer than `radius`, each once, that
+    can be done in parts (over several frames).
+
+    Positions are cut into columns `radius` wide and sorted by column, then by height. Each
+    is compared only with the run of positions above it in its own column (up to `radius`
+    higher) and the run in the column to its right (within `radius` of its height): two
+    binary searches per run, and a third less area than the 3 x 3 cells of a square grid.
+    Positions that are not finite have no pairs.
+    """
+
+    def __init__(self, pos: F32, radius: float, hint: Index | None = None) -> None:
+        self.radius = radius
+        self.x: F32 = pos[:, 0].copy()
+        """The positions searched."""
+        self.y: F32 = pos[:, 1].copy()
+        self.order: Index | None = None
+        """The sorted order of the rows (a hint for the next search), None when some
+        positions were left out."""
+        self._rows: Index | None = None  # the rows searched, when not all
+        self._found: list[tuple[Index, Index]] = []
+        self._done = 0  # sorted ranks searched
+        x, y = self.x, self.y
+        if not all(math.isfinite(float(v)) for v in (x.min(), x.max(), y.min(), y.max())):
+            self._rows = np.flatnonzero(np.isfinite(x) & np.isfinite(y))
+            x, y = x[self._rows], y[self._rows]
+            hint = None
+        bottom = float(y.min()) if len(y) else 0.0
+        top = float(y.max()) if len(y) else 0.0
+        column = np.floor(x * np.float32(1 / radius)).astype(np.float64)
+        np.clip(column, -_OFFSET, _OFFSET, out=column)
+        span = top - bottom + 2 * radius + 1.0  # one column's stretch of the key
+        key = column * span + (y.astype(np.float64) - bottom)
+        order = _sort(key, hint)
+        if self._rows is None:
+            self.order = order
+        self._sorted = order
+        self._keys = key[order]
+        self._span = span
+        self._xs = x[order]
+        self._ys = y[order]
+        # Each position's two runs, found by the first slice.
+        self._runs_found = False
+        self._up = self._right_at = self._right = self._work = _NO_ROWS
+
+    def _find_runs(self) -> None:
+        self._runs_found = True
+        sk = self._keys
+        # Slack for the rounding of the keys: a run may hold a few too many, never too few.
+        end = max(abs(sk[0]), abs(sk[-1])) if len(sk) else 0.0
+        run = self.radius * (1 + 1e-6) + 4 * float(np.spacing(end))
+        rank = np.arange(len(sk), dtype=np.intp)
+        self._up = np.searchsorted(sk, sk + run, side="right") - rank - 1
+        self._right_at = np.searchsorted(sk, sk + (self._span - run), side="left")
+        self._right = np.searchsorted(sk, sk + (self._span + run), side="right") - self._right_at
+        self._work = np.cumsum(self._up + self._right)  # candidates up to each rank
+
+    @property
+    def finished(self) -> bool:
+        return self._done == len(self._sorted)
+
+    def advance(self, parts: int = 1) -> None:
+        """Search the next of `parts` equal shares of what is left (all of it for 1; the
+        first of several shares only finds each position's runs)."""
+        lo = self._done
+        if lo == len(self._sorted):
+            return
+        if not self._runs_found:
+            self._find_runs()
+            if parts > 1:
+                return
+        if parts <= 1:
+            hi = len(self._sorted)
+        else:
+            before = int(self._work[lo - 1]) if lo else 0
+            share = before + (int(self._work[-1]) - before) / parts
+            hi = max(lo + 1, int(np.searchsorted(self._work, share, side="right")))
+            hi = min(hi, len(self._sorted))
+        rank = np.arange(lo, hi, dtype=np.intp)
+        count = np.concatenate([self._up[lo:hi], self._right[lo:hi]])
+        i_sorted = np.repeat(np.concatenate([rank, rank]), count)
+        j_sorted = _expand(np.concatenate([rank + 1, self._right_at[lo:hi]]), count)
+        # Distances on contiguous sorted coordinates; back to rows only for the pairs kept.
+        dx = self._xs[j_sorted] - self._xs[i_sorted]
+        dy = self._ys[j_sorted] - self._ys[i_sorted]
+        near = np.flatnonzero(dx * dx + dy * dy < np.float32(self.radius * self.radius))
+        i = self._sorted[i_sorted[near]]
+        j = self._sorted[j_sorted[near]]
+        if self._rows is not None:
+            i, j = self._rows[i], self._rows[j]
+        self._found.append((i, j))
+        self._done = hi
+
+    def pairs(self) -> tuple[Index, Index]:
+        """Rows `(i, j)` of the pairs found (all of them once finished)."""
+        if len(self._found) != 1:
+            found = self._found or [(_NO_ROWS, _NO_ROWS)]
+            self._found = [
+                (np.concatenate([i for i, _ in found]), np.concatenate([j for _, j in found]))
+            ]
+        return self._found[0]
+
+
+def close_pairs(pos: F32, radius: float) -> tuple[Index, Index, F32, F32]:
     """Every unordered pair of positions closer than `radius`, each once.
 
     Returns:
         `(i, j, delta, dist)`: rows of the pairs, `pos[j] - pos[i]` and its length.
     """
-    n = len(pos)
-    if n < 2:
-        empty = np.zeros(0, dtype=np.intp)
-        return empty, empty, np.zeros((0, 2), dtype=np.float32), np.zeros(0, dtype=np.float32)
-    keys = cell_keys(pos, radius)
-    order = np.argsort(keys)
-    sorted_keys = keys[order]
-    first = np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1
-    first = np.concatenate(([0], first)).astype(np.intp)
-    cells = sorted_keys[first]
-    size = np.diff(np.append(first, n)).astype(np.intp)
-    last_cell = len(cells) - 1
-    cell_of = np.repeat(np.arange(len(cells), dtype=np.intp), size)
-    rank = np.arange(n, dtype=np.intp)
-
-    # Candidates in sorted order: the same cell (only the NPCs sorted after this one), then
-    # the whole of each half-neighbour cell.
-    starts = [rank + 1]
-    counts = [(first + size)[cell_of] - rank - 1]
-    for dx, dy in _HALF_NEIGHBOURS:
-        wanted = cells + (dx * _STRIDE + dy)
-        at = np.searchsorted(cells, wanted)
-        at[at > last_cell] = last_cell
-        found = cells[at] == wanted
-        starts.append(first[at][cell_of])
-        counts.append((size[at] * found)[cell_of])
-    count = np.concatenate(counts)
-    i_sorted = np.repeat(np.tile(rank, len(starts)), count)
-    j_sorted = _expand(np.concatenate(starts), count)
-    # Distances on contiguous sorted coordinates; back to rows only for the pairs kept.
-    xs = pos[order, 0]
-    ys = pos[order, 1]
-    dx_all = xs[j_sorted] - xs[i_sorted]
-    dy_all = ys[j_sorted] - ys[i_sorted]
-    d2 = dx_all * dx_all + dy_all * dy_all
-    near = np.flatnonzero(d2 < np.float32(radius * radius))
-    delta = np.stack([dx_all[near], dy_all[near]], axis=1)
-    dist: NDArray[np.float32] = np.sqrt(d2[near])
-    return order[i_sorted[near]], order[j_sorted[near]], delta, dist
+    if len(pos) < 2:
+        return _NO_ROWS, _NO_ROWS, np.zeros((0, 2), dtype=np.float32), _NO_VALUES
+    search = _Search(pos, radius)
+    search.advance()
+    i, j = search.pairs()
+    pairs = _measure(pos[:, 0], pos[:, 1], i, j, radius)
+    dist: F32 = np.sqrt(pairs.d2)
+    return pairs.i, pairs.j, np.stack([pairs.dx, pairs.dy], axis=1), dist
 
 
-def neighbourhood_means(
-    pos: NDArray[np.float32], vel: NDArray[np.float32], cell: float
-) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+class NeighbourList:
+    """The pairs of NPCs closer than `radius`, frame after frame, from a list of the pairs
+    within `radius + skin` that is searched again in the background before it goes stale.
+
+    A pair outside the list was at least `radius + skin` apart when it was searched; it can
+    only have come within `radius` if its two NPCs moved more than `skin` relative to each
+    other. Every frame the two largest moves since (less the crowd's mean move) are added up:
+    while they stay within the skin, only the listed pairs are measured again, which finds
+    the same pairs a new search would for a fraction of the cost. Once they pass `early` of
+    the skin, a new search starts and is done a slice per frame, paced to finish before the
+    list would go stale at the rate it is closing; it then takes over. Past the whole skin,
+    or when the rows changed, the list is searched again at once (over just the radius while
+    pairs close by more than the skin a frame, when no list could last). A larger skin
+    searches less often and measures more pairs each frame.
+    """
+
+    def __init__(self, radius: float, skin: float, *, early: float = 0.3) -> None:
+        self.radius = radius
+        self.skin = skin
+        self.early = early
+        self.builds = 0
+        """Times the list was replaced by a new search."""
+        self.waits = 0
+        """Times a search had to be done at once, holding up the frame."""
+        self._budget = 0.0  # how far the list's pairs may close (its skin, but for rounding)
+        self._version: object = None
+        self._frame = 0
+        self._since = 0  # the frame the list's positions are for (at most the current one)
+        self._x = _NO_VALUES
+        self._y = _NO_VALUES
+        self._i = _NO_ROWS
+        self._j = _NO_ROWS
+        self._order: Index | None = None
+        self._next: tuple[_Search, int] | None = None  # a search under way, and its frame
+
+    def pairs(self, pos: F32, version: object, vel: F32 | None = None, dt: float = 0.0) -> Pairs:
+        """The pairs closer than `radius` at `pos` (N x 2). `version` names the rows: the list
+        is searched again when it differs from the last call's (NPCs added, removed or
+        reordered). With the velocities `vel` and the frame time `dt`, a search in the
+        background looks where the NPCs will be when it is done, so its list lasts longer."""
+        self._frame += 1
+        if len(pos) < 2:
+            self._version = None
+            self._next = None
+            return NO_PAIRS
+        x = pos[:, 0]
+        y = pos[:, 1]
+        same = version == self._version
+        closing = self._closing(x, y, self._x, self._y) if same else math.inf
+        if not closing <= self._budget:  # stale (NaN included)
+            self._next = None
+            # Closing by more than the skin a frame (bodies flung apart, a crowd spawned on
+            # top of itself), no list would last: search just the radius until it calms.
+            rushed = closing / max(self._frame - self._since, 1) > self.skin
+            skin = 0.0 if same and rushed else self.skin
+            search = _Search(pos, self.radius + skin, self._order if same else None)
+            search.advance()
+            self._adopt(search, self._frame, version, skin)
+            self.waits += 1
+        elif self._next is not None:
+            search, due = self._next
+            search.advance(self._slices(closing))
+            if search.finished:
+                self._next = None
+                # It stands in for the list if nothing moved too far while it ran.
+                if self._closing(x, y, search.x, search.y) <= self.skin * (1 - _SKIN_ROUNDING):
+                    self._adopt(search, min(due, self._frame), version, self.skin)
+        elif closing > self._budget * self.early:
+            slices = self._slices(closing)
+            ahead = pos if vel is None else pos + vel * np.float32(slices * dt)
+            self._next = _Search(ahead, self.radius + self.skin, self._order), self._frame + slices
+        return _measure(x, y, self._i, self._j, self.radius)
+
+    def _slices(self, closing: float) -> int:
+        """Frames to spread the rest of a search over: most of those left before the list
+        would go stale, at the rate it has been closing."""
+        rate = closing / max(self._frame - self._since, 1)
+        left = (self._budget - closing) / rate if rate > 0 else math.inf
+        return int(min(max(0.8 * left, 1), _MOST_SLICES))
+
+    def _closing(self, x: F32, y: F32, x0: F32, y0: F32) -> float:
+        """How much some pair may have closed since the positions were (x0, y0): the two
+        largest moves, after taking off the mean move (a pair closes by at most the
+        difference of its two moves, the same from any common drift: a crowd marching
+        together keeps its list for as long as it keeps its shape)."""
+        with np.errstate(invalid="ignore", over="ignore"):  # a position written NaN or inf
+            mx = x - x0
+            my = y - y0
+            mx -= mx.mean()
+            my -= my.mean()
+            moved = mx * mx + my * my
+        k = int(moved.argmax())
+        first = float(moved[k])
+        moved[k] = 0
+        return math.sqrt(first) + math.sqrt(float(moved.max()))
+
+    def _adopt(self, search: _Search, frame: int, version: object, skin: float) -> None:
+        self._budget = skin * (1 - _SKIN_ROUNDING)
+        self._i, self._j = search.pairs()
+        self._x, self._y = search.x, search.y
+        self._order = search.order
+        self._since = frame
+        self._version = version
+        self.builds += 1
+
+
+def neighbourhood_means(x: F32, y: F32, vx: F32, vy: F32, cell: float) -> tuple[F32, F32, F32, F32]:
     """For each position, the mean position and velocity of the others in its 3 x 3 cells.
 
     Coarse on purpose (a cell average, not a radius query): cohesion and alignment only need
-    a direction, and this costs a sort and a few bincounts whatever the density.
+    a direction, and this costs a few bincounts (and, for a crowd spread far and wide, a
+    sort) whatever the density.
 
     Returns:
-        `(mean_pos, mean_vel)`: for a position alone in its neighbourhood, its own position
-        and zero velocity.
+        `(x, y, vx, vy)` of the means: for a position alone in its neighbourhood, its own
+        position and zero velocity.
     """
-    keys = cell_keys(pos, cell)
-    cells, inverse = np.unique(keys, return_inverse=True)
-    m = len(cells)
-    inverse = inverse.reshape(-1)
-    own = np.stack(
-        [
-            np.bincount(inverse, minlength=m).astype(np.float64),
-            np.bincount(inverse, weights=pos[:, 0], minlength=m),
-            np.bincount(inverse, weights=pos[:, 1], minlength=m),
-            np.bincount(inverse, weights=vel[:, 0], minlength=m),
-            np.bincount(inverse, weights=vel[:, 1], minlength=m),
-        ]
-    )
-    total = np.zeros_like(own)
-    for dx, dy in _ALL_NEIGHBOURS:
-        wanted = cells + (dx * _STRIDE + dy)
-        at = np.minimum(np.searchsorted(cells, wanted), m - 1)
-        found = cells[at] == wanted
-        total += own[:, at] * found
-    sums = total[:, inverse]
-    others = sums[0] - 1.0
-    safe = np.maximum(others, 1.0)
-    mean_pos = np.stack([(sums[1] - pos[:, 0]) / safe, (sums[2] - pos[:, 1]) / safe], axis=1)
-    mean_vel = np.stack([(sums[3] - vel[:, 0]) / safe, (sums[4] - vel[:, 1]) / safe], axis=1)
+    cx, cy = _cells(x, y, cell)
+    quantities = (None, x, y, vx, vy)
+    table = _table(cx, cy)
+    if table is not None:
+        # Sum each quantity per cell on the table, then over every 3 x 3 block of it.
+        own, columns, rows = table
+        sums = []
+        block = np.zeros((columns, rows))
+        for q in quantities:
+            grid = np.bincount(own, weights=q, minlength=columns * rows).reshape(columns, rows)
+            across = grid[:-2] + grid[1:-1] + grid[2:]
+            block[1:-1, 1:-1] = across[:, :-2] + across[:, 1:-1] + across[:, 2:]
+            sums.append(block.ravel()[own])
+    else:
+        keys = (cx + _OFFSET).astype(np.int64) * _STRIDE + (cy + _OFFSET)
+        cells, inverse = np.unique(keys, return_inverse=True)
+        m = len(cells)
+        inverse = inverse.reshape(-1)
+        per_cell = np.stack([np.bincount(inverse, weights=q, minlength=m) for q in quantities])
+        total = np.zeros_like(per_cell)
+        for dx, dy in _ALL_NEIGHBOURS:
+            wanted = cells + (dx * _STRIDE + dy)
+            found = np.minimum(np.searchsorted(cells, wanted), m - 1)
+            total += per_cell[:, found] * (cells[found] == wanted)
+        sums = list(total[:, inverse])
+    count, sx, sy, svx, svy = sums
+    others = count - 1.0
     alone = others < 0.5
-    mean_pos[alone] = pos[alone]
-    mean_vel[alone] = 0.0
-    return mean_pos.astype(np.float32), mean_vel.astype(np.float32)
+    inv = 1.0 / np.maximum(others, 1.0)
+    mean_x = np.where(alone, x, (sx - x) * inv).astype(np.float32)
+    mean_y = np.where(alone, y, (sy - y) * inv).astype(np.float32)
+    mean_vx = np.where(alone, 0.0, (svx - vx) * inv).astype(np.float32)
+    mean_vy = np.where(alone, 0.0, (svy - vy) * inv).astype(np.float32)
+    return mean_x, mean_y, mean_vx, mean_vy

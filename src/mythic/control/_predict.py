@@ -58,8 +58,18 @@ class InteractionPredictor:
         """Each live NPC's score as the next interaction; -inf for those that cannot be."""
         n = len(crowd)
         s = self.settings
-        rel = crowd.pos[:n] - np.asarray(player.position, dtype=np.float32)
-        dist = np.sqrt(np.einsum("ij,ij->i", rel, rel))
+        score = np.full(n, -np.inf, dtype=np.float32)
+        px, py = (np.float32(v) for v in player.position)
+        rx = crowd.pos[:n, 0] - px
+        ry = crowd.pos[:n, 1] - py
+        dist = np.sqrt(rx * rx + ry * ry)
+        # Only NPCs that talk and are in range can be candidates: score just those.
+        talks = crowd.archetypes.talks[crowd.archetype[:n]]
+        rows = np.flatnonzero(talks & (dist <= s.predict_range_m))
+        if rows.size == 0:
+            return score
+        rel = np.stack([rx[rows], ry[rows]], axis=1)
+        dist = dist[rows]
         vel = np.asarray(player.velocity, dtype=np.float32)
         speed = float(np.hypot(vel[0], vel[1]))
         ahead = (
@@ -70,19 +80,18 @@ class InteractionPredictor:
         toward = rel / np.maximum(dist, np.float32(1e-6))[:, None]
         cos = toward @ ahead
         cos[dist < 1e-6] = 1.0
-        talks = crowd.archetypes.talks[crowd.archetype[:n]]
-        candidate = talks & (dist <= s.predict_range_m) & (cos >= self._cone_cos)
+        candidate = cos >= self._cone_cos
         closing = np.clip(rel @ vel / np.maximum(dist, 1e-6) / max(speed, 1.0), 0, 1)
-        since = now - crowd.last_interaction[:n]
+        since = now - crowd.last_interaction[rows]
         history = np.exp(-np.maximum(since, 0) / s.history_tau_s)
-        score: F32 = (
+        scored = (
             _W_CONE * (cos - self._cone_cos) / max(1 - float(self._cone_cos), 1e-6)
             + _W_NEAR * (1 - dist / np.float32(s.predict_range_m))
             + _W_CLOSING * closing
-            + _W_QUEST * crowd.quest[:n]
+            + _W_QUEST * crowd.quest[rows]
             + _W_HISTORY * history
         ).astype(np.float32)
-        score[~candidate] = -np.inf
+        score[rows[candidate]] = scored[candidate]
         return score
 
     def update(self, crowd: Crowd, player: Player, now: float) -> str | None:

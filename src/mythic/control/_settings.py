@@ -92,13 +92,24 @@ class ControlSettings:
     wander_jitter: float = 1.5
     """Radians per square-root second of random turning while wandering."""
     neighbour_radius_m: float = 1.2
-    """Metres within which horde members push each other apart; the cell size of the
-    spatial grid (at least the largest pair of body radii)."""
+    """Metres within which horde members push each other apart, and within which bodies are
+    checked for overlap (at least the largest pair of body radii)."""
+    neighbour_skin_m: float = 0.5
+    """Metres of slack in the list of close pairs kept across frames: the pairs within
+    `neighbour_radius_m` plus this are listed, and each frame only they are measured, with
+    the same result as a new search, until some pair may have closed by this much. The next
+    search (a sort of every NPC) runs a slice per frame before then; it is done at once only
+    when NPCs are added or removed, or jump. Larger searches less often but measures more
+    pairs every frame; 0 searches every frame anyone moved."""
     flock_radius_m: float = 4.0
     """Metres: the cell size of the coarse grid horde cohesion and alignment average over."""
     flock_period_s: float = 0.1
-    """Seconds between refreshes of horde cohesion and alignment (they change slowly;
-    separation is computed every frame)."""
+    """Seconds between refreshes of horde cohesion and alignment (they change slowly)."""
+    separation_period_s: float = 1 / 30
+    """Seconds between refreshes of horde separation (the push away from neighbours closer
+    than `neighbour_radius_m`, and how crowded each member is); in between, members steer
+    by the last one while they move every frame. 0 refreshes every frame. Bodies never sink
+    into each other either way: overlaps are found and pushed apart every frame."""
     separation_weight: float = 2.5
     """Weight of separation in horde steering."""
     cohesion_weight: float = 0.3
@@ -156,6 +167,8 @@ class ControlSettings:
         for name in (
             "retry_after_s",
             "blend_s",
+            "neighbour_skin_m",
+            "separation_period_s",
             "arrive_tolerance_m",
             "wander_jitter",
             "rush_m",
