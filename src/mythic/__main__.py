@@ -1,3 +1,4 @@
 from mythic.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +27,24 @@ def test_sim_without_the_model_runs_and_reports_frame_times() -> None:
     assert _numbers(result.stdout, "frames") > 100
     assert re.search(r"frame p50 [\d.]+ ms {2}p99 [\d.]+ ms", result.stdout), result.stdout
     assert _numbers(result.stdout, "intents sent") == 0
+
+
+def test_sim_writes_a_replay_page_of_the_run(tmp_path: Path) -> None:
+    page = tmp_path / "replay.html"
+    result = mythic(
+        "sim", "--no-model", "--npcs", "250", "--horde", "60", "--seconds", "2", "--view", str(page)
+    )
+    assert result.returncode == 0, result.stderr
+    text = page.read_text()
+    data = json.loads(
+        re.search(r'<script id="data" type="application/json">(.*?)</script>', text, re.S).group(1)
+    )  # type: ignore[union-attr]
+    assert len(data["times"]) >= 10  # 10 samples a second
+    assert data["times"] == sorted(data["times"])
+    assert set(data["counts"]) == {250}
+    assert len(base64.b64decode(data["pos"])) == 250 * 2 * 2 * len(data["times"])
+    assert "zombie" in data["names"] and not data["truncated"]
+    assert "http" not in text.split("<script", 1)[0]  # nothing fetched from anywhere
 
 
 def test_sim_gets_intents_from_its_own_server_and_applies_them() -> None:

@@ -921,12 +921,25 @@ def sim(
     threads: Annotated[
         int, typer.Option(help="Cores for the model when sim starts its own server.")
     ] = 1,
+    intents: Annotated[
+        str,
+        typer.Option(
+            help="Where the intent client runs: 'process' (its own, off the game's GIL) or "
+            "'thread' (a thread of the game's process)."
+        ),
+    ] = "process",
+    view: Annotated[
+        Path | None,
+        typer.Option(help="Also write a replay page (HTML) of the run to open in a browser."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the region and the steering.")] = 0,
 ) -> None:
     """A headless region: a player walks through a town, its monsters and a zombie horde, every
     NPC steered at frame rate by the game-side controller while the NPCs near the player get
     intents from the model (a server of its own, or --server). Prints frame-time statistics."""
-    _guard(lambda: _sim(world, npcs, horde, seconds, fps, server, model, threads, seed))
+    _guard(
+        lambda: _sim(world, npcs, horde, seconds, fps, server, model, threads, intents, view, seed)
+    )
 
 
 def _sim(
@@ -938,24 +951,28 @@ def _sim(
     server: str | None,
     model: bool,
     threads: int,
+    intents: str,
+    view: Path | None,
     seed: int,
 ) -> None:
     import contextlib
 
+    from mythic.cli._replay import ReplayRecorder
     from mythic.cli._sim import (
         FRAME_BUDGET_S,
         RegionSpec,
         build_region,
         cpu_model_settings,
+        intent_source,
         percentile,
         run_paced,
-        server_fetch,
         spawned_server,
         speakers,
     )
-    from mythic.client import MythicClient
-    from mythic.control import AsyncIntentSource, Controller
+    from mythic.control import Controller
 
+    if intents not in ("process", "thread"):
+        raise MythicError(f"--intents must be 'process' or 'thread', not {intents!r}")
     try:
         spec = RegionSpec(npcs=npcs, horde=horde, seed=seed)
         settings = cpu_model_settings(seed)
@@ -963,23 +980,23 @@ def _sim(
         raise MythicError(str(exc)) from None
     controller = Controller(settings=settings, capacity=npcs)
     path = build_region(controller, spec)
+    recorder = ReplayRecorder(controller) if view is not None else None
     with contextlib.ExitStack() as stack:
         if model:
             speaker_of = speakers(world)
             if server is None:
                 err.print(f"starting a server for {world} ({threads} core(s) for the model)...")
                 server = stack.enter_context(spawned_server(world, threads=threads))
-            client = MythicClient(server, timeout_s=10.0)
-            source = AsyncIntentSource(
-                server_fetch(client, speaker_of, settings.player_id), max_concurrency=16
+            stack.enter_context(
+                intent_source(
+                    controller, server, speaker_of, "process" if intents == "process" else "thread"
+                )
             )
-            source.start(controller)
-            stack.callback(source.close)
-            source.run(client.connect()).result(60)
-            stack.callback(lambda: source.run(client.aclose()).result(10))
-            controller.source = source
         err.print(f"running {npcs} NPCs ({horde} in the horde) for {seconds:g} s at {fps:g} fps")
-        run = run_paced(controller, path, seconds=seconds, fps=fps)
+        run = run_paced(controller, path, seconds=seconds, fps=fps, recorder=recorder)
+    if recorder is not None and view is not None:
+        recorder.write(view, title=f"mythic sim: {npcs} NPCs")
+        err.print(f"wrote the replay to {view}")
     stats = run.stats
     ms = [s * 1000 for s in run.frame_s]
     out.print(

@@ -14,6 +14,7 @@ controller's own work is timed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import socket
@@ -21,16 +22,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mythic._errors import MythicError
+from mythic.cli._replay import ReplayRecorder
 from mythic.contracts import IntentRequest, IntentUpdate
 
 FRAME_BUDGET_S = 1 / 300
 """The frame path's budget: 3.3 ms, 300 frames per second."""
+_NICE = 10
+"""How far below the game the model's processes run (server and intent client)."""
 
 # Sim archetype -> world archetype whose persona speaks for it (the town's humans share).
 _SPEAKS_AS = {"barkeep": "human", "villager": "human", "merchant": "human", "guard": "human"}
@@ -222,6 +226,64 @@ def server_fetch(client: Any, speaker_of: dict[str, str], player_id: str) -> Any
     return fetch
 
 
+@contextlib.asynccontextmanager
+async def connect_server(
+    url: str, speaker_of: dict[str, str], player_id: str, timeout_s: float = 10.0
+) -> AsyncIterator[Any]:
+    """`ProcessIntentSource`'s `connect` (pass it as a `functools.partial`): a connected
+    `MythicClient` in the intent process, and `server_fetch` over it."""
+    from mythic.client import MythicClient
+
+    client = MythicClient(url, timeout_s=timeout_s)
+    await client.connect()
+    try:
+        yield server_fetch(client, speaker_of, player_id)
+    finally:
+        await client.aclose()
+
+
+SourceKind = Literal["process", "thread"]
+
+
+@contextlib.contextmanager
+def intent_source(
+    controller: Any, url: str, speaker_of: dict[str, str], kind: SourceKind = "process"
+) -> Iterator[Any]:
+    """Connect `controller` to the server at `url` through a started intent source: the
+    client in a child process below the game's priority (`process`), or on a thread of the
+    game's process (`thread`); closed on exit."""
+    from mythic.control import AsyncIntentSource, ProcessIntentSource
+
+    settings = controller.settings
+    connect = functools.partial(connect_server, url, speaker_of, settings.player_id)
+    wait = settings.request_timeout_s
+    if kind == "process":
+        source: Any = ProcessIntentSource(connect, max_concurrency=16, max_wait_s=wait, nice=_NICE)
+        source.start(controller)
+        try:
+            controller.source = source
+            yield source
+        finally:
+            controller.source = None
+            source.close()
+        return
+    from mythic.client import MythicClient
+
+    client = MythicClient(url, timeout_s=10.0)
+    fetch = server_fetch(client, speaker_of, settings.player_id)
+    source = AsyncIntentSource(fetch, max_concurrency=16, max_wait_s=wait)
+    source.start(controller)
+    try:
+        source.run(client.connect()).result(60)
+        controller.source = source
+        yield source
+    finally:
+        controller.source = None
+        with contextlib.suppress(Exception):
+            source.run(client.aclose()).result(10)
+        source.close()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -229,9 +291,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def spawned_server(world: Path, *, threads: int = 1, timeout_s: float = 300) -> Iterator[str]:
+def spawned_server(
+    world: Path, *, threads: int = 1, nice: int = _NICE, timeout_s: float = 300
+) -> Iterator[str]:
     """`mythic serve` in a process of its own (as a game would run it), its engines limited
-    to `threads` cores so the game keeps the rest; yields its WebSocket URL once ready.
+    to `threads` cores so the game keeps the rest, and below the game's priority (`nice`, on
+    POSIX) so the frame loop wins a contended core; yields its WebSocket URL once ready.
 
     Raises:
         MythicError: the server exited or was not ready within `timeout_s`.
@@ -246,6 +311,7 @@ def spawned_server(world: Path, *, threads: int = 1, timeout_s: float = 300) -> 
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
+            preexec_fn=(lambda: os.nice(nice)) if nice and os.name == "posix" else None,
         )
         try:
             deadline = time.monotonic() + timeout_s
@@ -303,10 +369,12 @@ def run_paced(
     seconds: float,
     fps: float = 300.0,
     start_s: float = 0.0,
+    recorder: ReplayRecorder | None = None,
 ) -> SimRun:
     """Run frames at `fps` in real time for `seconds`; the player starts `start_s` into its
     loop. When the player stops within 2.5 m in front of an NPC it counts as an interaction
-    (scoring the prediction), at most one a second."""
+    (scoring the prediction), at most one a second. A `recorder` samples the crowd between
+    frames."""
     import numpy as np
 
     from mythic.control import Player
@@ -332,6 +400,8 @@ def run_paced(
         controller.frame(now - previous, now, player)
         run.frame_s.append(clock() - started)
         previous = now
+        if recorder is not None:
+            recorder.sample(elapsed, position)
         if now - last_check >= 1.0:  # the game's own logic: who is the player talking to?
             last_check = now
             rel = crowd.positions - np.asarray(position, dtype=np.float32)

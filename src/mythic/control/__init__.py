@@ -15,13 +15,17 @@ interaction prefetches that NPC's intent and greeting.
     controller = Controller(source=None)
     controller.add("zed", "zombie", (10.0, 0.0))
     controller.add("marla", "barkeep", (3.0, 2.0))
-    source = AsyncIntentSource(fetch)       # fetch(IntentRequest) -> IntentUpdate, async
+    source = ProcessIntentSource(connect)   # connect() yields fetch(IntentRequest), async
     source.start(controller)                # answers go to controller.deliver / .fail
     controller.source = source
     while playing:
         controller.frame(dt, now, Player((px, py), (vx, vy), facing))
         positions, headings = controller.crowd.positions, controller.crowd.heading
     source.close()
+
+`ProcessIntentSource` runs the client in a child process, so its parsing never takes the GIL
+from the frames; `AsyncIntentSource` runs it on a thread of the game's process (simpler, and
+enough when the game has cores to spare).
 
 Imports only `mythic.contracts` and NumPy, so a game can vendor it without the server.
 Without NumPy, importing it raises `MissingExtraError` naming the install command.
@@ -42,12 +46,15 @@ from mythic.control._crowd import NO_TARGET, PLACE, PLAYER, Crowd, StalkPhase, T
 from mythic.control._intents import (
     AsyncIntentSource,
     Fetch,
+    FetchPool,
     IntentCache,
     IntentCounters,
     IntentSink,
     IntentSource,
+    QueuedTooLongError,
 )
 from mythic.control._predict import InteractionPredictor, PredictionCounters
+from mythic.control._process import Connect, ProcessIntentSource
 from mythic.control._settings import ControlSettings, TierBand
 from mythic.control._steer import Player
 from mythic.control._tiers import assign_tiers
@@ -63,11 +70,13 @@ __all__ = [
     "ArchetypeTable",
     "AsyncIntentSource",
     "Behaviour",
+    "Connect",
     "ControlSettings",
     "Controller",
     "ControllerStats",
     "Crowd",
     "Fetch",
+    "FetchPool",
     "IntentCache",
     "IntentCounters",
     "IntentSink",
@@ -76,6 +85,8 @@ __all__ = [
     "Player",
     "Policy",
     "PredictionCounters",
+    "ProcessIntentSource",
+    "QueuedTooLongError",
     "StalkPhase",
     "TargetKind",
     "Tier",

@@ -16,6 +16,7 @@ import itertools
 import logging
 import math
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
@@ -34,6 +35,10 @@ T = TypeVar("T")
 
 Fetch = Callable[[IntentRequest], Awaitable[IntentUpdate]]
 """An async callable that asks the model for one intent (the client SDK's `intent`, adapted)."""
+
+
+class QueuedTooLongError(TimeoutError):
+    """A request waited in an intent source's queue past its `max_wait_s`; it was never sent."""
 
 
 class IntentSink(Protocol):
@@ -307,14 +312,107 @@ class IntentCache:
             self._failed(_Failure(request, None), now)
 
 
+def check_pool(max_concurrency: int, max_wait_s: float | None) -> None:
+    """Validate a fetch pool's sizing.
+
+    Raises:
+        ValueError: `max_concurrency` below 1, or `max_wait_s` not positive.
+    """
+    if max_concurrency < 1:
+        raise ValueError("max_concurrency must be >= 1")
+    if max_wait_s is not None and not max_wait_s > 0:
+        raise ValueError("max_wait_s must be positive (or None: wait for ever)")
+
+
+class FetchPool:
+    """Fetch workers on one event loop: queued requests, most urgent tier first, at most
+    `max_concurrency` at once; each answer goes to the sink's `deliver` under the request's
+    id (the fetch may have used its own), each exception to `fail`.
+
+    A request that waited in the queue longer than `max_wait_s` fails with `QueuedTooLongError`
+    without being fetched: the controller has given up on it by then (its
+    `request_timeout_s`), and asking the model anyway only delays the requests behind it.
+
+    Everything but the constructor runs on the loop's thread: `put` to queue, `run` to work
+    until `stop`. `AsyncIntentSource` drives one from a thread, `ProcessIntentSource` from a
+    child process.
+    """
+
+    def __init__(
+        self,
+        fetch: Fetch,
+        sink: IntentSink,
+        *,
+        max_concurrency: int = 4,
+        max_wait_s: float | None = None,
+    ) -> None:
+        check_pool(max_concurrency, max_wait_s)
+        self._fetch = fetch
+        self._sink = sink
+        self._max_concurrency = max_concurrency
+        self._max_wait_s = max_wait_s
+        self._queue: asyncio.PriorityQueue[tuple[int, int, float, IntentRequest]] = (
+            asyncio.PriorityQueue()
+        )
+        self._stop = asyncio.Event()
+        self._seq = itertools.count()
+        self.expired_in_queue = 0
+        """Requests failed unfetched because they waited past `max_wait_s`."""
+
+    def put(self, request: IntentRequest, tier: Tier) -> None:
+        """Queue a request (on the loop's thread)."""
+        self._queue.put_nowait((int(tier), next(self._seq), time.monotonic(), request))
+
+    def stop(self) -> None:
+        """Make `run` cancel its fetches (failing their requests) and return."""
+        self._stop.set()
+
+    async def run(self, ready: Callable[[], None] | None = None) -> None:
+        """Work until `stop`; `ready` is called once the workers are up. On the way out,
+        running fetches are cancelled and queued requests fail with `ConnectionError`."""
+        closed = ConnectionError("the intent source is closed")
+        try:
+            async with asyncio.TaskGroup() as group:
+                workers = [group.create_task(self._work()) for _ in range(self._max_concurrency)]
+                if ready is not None:
+                    ready()
+                await self._stop.wait()
+                for worker in workers:
+                    worker.cancel()
+        finally:
+            while not self._queue.empty():
+                *_, request = self._queue.get_nowait()
+                self._sink.fail(request, closed)
+
+    async def _work(self) -> None:
+        sink, max_wait = self._sink, self._max_wait_s
+        while True:
+            _, _, queued_at, request = await self._queue.get()
+            if max_wait is not None and time.monotonic() - queued_at > max_wait:
+                self.expired_in_queue += 1
+                sink.fail(request, QueuedTooLongError(f"queued for more than {max_wait:g} s"))
+                continue
+            try:
+                update = await self._fetch(request)
+            except asyncio.CancelledError:
+                sink.fail(request, ConnectionError("the intent source closed mid-request"))
+                raise
+            except Exception as exc:  # noqa: BLE001 - handed to the sink: the NPC asks again
+                sink.fail(request, exc)
+                continue
+            if update.request_id != request.request_id:
+                update = update.model_copy(update={"request_id": request.request_id})
+            sink.deliver(update)
+
+
 class AsyncIntentSource:
     """An `IntentSource` that runs an async `fetch` on an asyncio event loop in another thread.
 
     `submit` only schedules the request on that loop (`call_soon_threadsafe`) and returns;
-    up to `max_concurrency` fetches run at once, gold requests before silver before bronze.
-    Each result goes to the sink's `deliver` with the request's id (the fetch may have used
-    its own), each exception to `fail`. `close` cancels what is running (failing those
-    requests), stops the loop and joins the thread.
+    up to `max_concurrency` fetches run at once, gold requests before silver before bronze,
+    and one queued longer than `max_wait_s` fails unfetched (see `FetchPool`). Each result
+    goes to the sink's `deliver`, each exception to `fail`. `close` cancels what is running
+    (failing those requests), stops the loop and joins the thread.
 
     The loop is the source's own unless `loop` names a running one (where a connected
     `MythicClient` lives): `fetch` must run on the loop that owns its connection.
@@ -322,11 +420,15 @@ class AsyncIntentSource:
         source = AsyncIntentSource(
             lambda r: client.intent(
                 r.npc_id, context=r.context, with_bark=r.with_bark, request_id=r.request_id
-            )
+            ),
+            max_wait_s=controller.settings.request_timeout_s,
         )
         source.start(controller)
         source.run(client.connect()).result(5)   # the client lives on the source's loop
         controller.source = source
+
+    The fetches share the game's interpreter: their parsing takes the GIL from the frame
+    loop now and then. `ProcessIntentSource` moves them to a process of their own.
     """
 
     def __init__(
@@ -334,13 +436,14 @@ class AsyncIntentSource:
         fetch: Fetch,
         *,
         max_concurrency: int = 4,
+        max_wait_s: float | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         name: str = "mythic-intents",
     ) -> None:
-        if max_concurrency < 1:
-            raise ValueError("max_concurrency must be >= 1")
+        check_pool(max_concurrency, max_wait_s)
         self._fetch = fetch
         self._max_concurrency = max_concurrency
+        self._max_wait_s = max_wait_s
         self._external = loop
         self._name = name
         self._lock = threading.Lock()
@@ -349,9 +452,7 @@ class AsyncIntentSource:
         self._sink: IntentSink | None = None
         self._serving: concurrent.futures.Future[None] | None = None
         self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._queue: asyncio.PriorityQueue[tuple[int, int, IntentRequest]] | None = None
-        self._seq = itertools.count()
+        self._pool: FetchPool | None = None
         self._closed = False
 
     @property
@@ -369,6 +470,11 @@ class AsyncIntentSource:
         if self._loop is None:
             raise RuntimeError("start the intent source first")
         return self._loop
+
+    @property
+    def expired_in_queue(self) -> int:
+        """Requests failed unfetched because they waited past `max_wait_s`."""
+        return self._pool.expired_in_queue if self._pool is not None else 0
 
     def run(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run a coroutine on the source's loop (setup and teardown, such as connecting the
@@ -402,14 +508,12 @@ class AsyncIntentSource:
     def submit(self, request: IntentRequest, tier: Tier) -> None:
         """Queue a request on the loop; return at once. After `close`, the request fails."""
         with self._lock:
-            loop, queue = self._loop, self._queue
+            loop, pool = self._loop, self._pool
             if self._serving is None or loop is None:
                 raise RuntimeError("start the intent source before submitting")
-            if not self._closed and queue is not None:
+            if not self._closed and pool is not None:
                 try:
-                    loop.call_soon_threadsafe(
-                        queue.put_nowait, (int(tier), next(self._seq), request)
-                    )
+                    loop.call_soon_threadsafe(pool.put, request, tier)
                     return
                 except RuntimeError:  # the loop closed under us
                     pass
@@ -424,9 +528,9 @@ class AsyncIntentSource:
                 self._closed = True
                 return
             self._closed = True
-            loop, serving, stop = self._loop, self._serving, self._stop
-        if stop is not None:
-            loop.call_soon_threadsafe(stop.set)
+            loop, serving, pool = self._loop, self._serving, self._pool
+        if pool is not None:
+            loop.call_soon_threadsafe(pool.stop)
         else:  # the workers never came up
             serving.cancel()
         try:
@@ -445,38 +549,16 @@ class AsyncIntentSource:
         self.close()
 
     async def _serve(self) -> None:
-        self._queue = asyncio.PriorityQueue()
-        self._stop = asyncio.Event()
-        closed = ConnectionError("the intent source is closed")
-        try:
-            async with asyncio.TaskGroup() as group:
-                workers = [group.create_task(self._work()) for _ in range(self._max_concurrency)]
-                self._ready.set()
-                await self._stop.wait()
-                for worker in workers:
-                    worker.cancel()
-        finally:
-            assert self._sink is not None
-            while not self._queue.empty():
-                _, _, request = self._queue.get_nowait()
-                self._sink.fail(request, closed)
-
-    async def _work(self) -> None:
-        assert self._queue is not None and self._sink is not None
-        sink = self._sink
-        while True:
-            _, _, request = await self._queue.get()
-            try:
-                update = await self._fetch(request)
-            except asyncio.CancelledError:
-                sink.fail(request, ConnectionError("the intent source closed mid-request"))
-                raise
-            except Exception as exc:  # noqa: BLE001 - handed to the sink: the NPC asks again
-                sink.fail(request, exc)
-                continue
-            if update.request_id != request.request_id:
-                update = update.model_copy(update={"request_id": request.request_id})
-            sink.deliver(update)
+        assert self._sink is not None
+        pool = FetchPool(
+            self._fetch,
+            self._sink,
+            max_concurrency=self._max_concurrency,
+            max_wait_s=self._max_wait_s,
+        )
+        with self._lock:
+            self._pool = pool
+        await pool.run(ready=self._ready.set)
 
 
 def _serve_forever(loop: asyncio.AbstractEventLoop) -> None:

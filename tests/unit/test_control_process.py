@@ -1,0 +1,215 @@
+"""Intent sources off the frame path: the fetch pool's queue, and the client in a child process.
+
+The child runs real fetch callables (tests/unit/intent_fetchers.py) through the same pool as
+`AsyncIntentSource`; every wait is bounded by an event or a timeout, nothing asserts on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import threading
+
+import pytest
+
+from mythic.contracts import IntentRequest, IntentUpdate
+from mythic.control import (
+    AsyncIntentSource,
+    Controller,
+    Player,
+    ProcessIntentSource,
+    QueuedTooLongError,
+    Tier,
+)
+from tests.unit import intent_fetchers
+
+pytestmark = pytest.mark.unit
+
+DT = 1 / 60
+ORIGIN = Player((0.0, 0.0))
+
+
+class Collector:
+    """A thread-safe sink that records what arrives and wakes the test."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.updates: list[IntentUpdate] = []
+        self.failures: list[tuple[IntentRequest, BaseException | None]] = []
+        self.changed = threading.Condition(self.lock)
+
+    def deliver(self, update: IntentUpdate) -> None:
+        with self.changed:
+            self.updates.append(update)
+            self.changed.notify_all()
+
+    def fail(self, request: IntentRequest, error: BaseException | None = None) -> None:
+        with self.changed:
+            self.failures.append((request, error))
+            self.changed.notify_all()
+
+    def wait_for(self, count: int, timeout_s: float = 30.0) -> None:
+        with self.changed:
+            ok = self.changed.wait_for(
+                lambda: len(self.updates) + len(self.failures) >= count, timeout_s
+            )
+        assert ok, f"only {self.updates} and {self.failures} arrived"
+
+    def failure_of(self, npc_id: str) -> BaseException | None:
+        return next(e for r, e in self.failures if r.npc_id == npc_id)
+
+
+def ask(npc_id: str, n: int = 1) -> IntentRequest:
+    return IntentRequest(npc_id=npc_id, request_id=f"r-{npc_id}-{n}")
+
+
+# -- the queue drops what the controller gave up on -------------------------------------------
+
+
+def test_a_request_queued_past_max_wait_fails_without_being_fetched() -> None:
+    fetched: list[str] = []
+    gate: dict[str, asyncio.Event] = {}
+    started = threading.Event()
+
+    async def fetch(request: IntentRequest) -> IntentUpdate:
+        fetched.append(request.npc_id)
+        if request.npc_id == "first":
+            gate["open"] = asyncio.Event()
+            started.set()
+            await gate["open"].wait()  # holds the only worker
+        return IntentUpdate(npc_id=request.npc_id, intent="hint", request_id=request.request_id)
+
+    sink = Collector()
+    with AsyncIntentSource(fetch, max_concurrency=1, max_wait_s=0.05) as source:
+        source.start(sink)
+        source.submit(ask("first"), Tier.GOLD)
+        assert started.wait(5)
+        source.submit(ask("late"), Tier.GOLD)
+        threading.Event().wait(0.2)  # longer than max_wait_s while the worker is busy
+        source.loop.call_soon_threadsafe(gate["open"].set)
+        sink.wait_for(2)
+        assert source.expired_in_queue == 1
+    assert fetched == ["first"]
+    assert [u.npc_id for u in sink.updates] == ["first"]
+    assert isinstance(sink.failure_of("late"), QueuedTooLongError)
+
+
+def test_max_wait_and_concurrency_are_checked() -> None:
+    async def fetch(request: IntentRequest) -> IntentUpdate:
+        raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match="max_wait_s"):
+        AsyncIntentSource(fetch, max_wait_s=0)
+    with pytest.raises(ValueError, match="max_concurrency"):
+        ProcessIntentSource(intent_fetchers.answering, max_concurrency=0)
+    with pytest.raises(ValueError, match="nice"):
+        ProcessIntentSource(intent_fetchers.answering, nice=40)
+
+
+# -- the client in a child process ------------------------------------------------------------
+
+
+def test_process_source_fetches_in_another_process_and_feeds_the_controller() -> None:
+    controller = Controller()
+    controller.add("marla", "barkeep", (5.0, 0.0))
+    sink = Collector()
+    source = ProcessIntentSource(functools.partial(intent_fetchers.answering, "quest"))
+    source.start(sink)
+    try:
+        assert source.running and source.pid not in (None, os.getpid())
+        source.submit(ask("pid"), Tier.GOLD)
+        source.submit(ask("marla"), Tier.GOLD)
+        sink.wait_for(2)
+    finally:
+        source.close()
+    assert not source.running
+    by_npc = {u.npc_id: u for u in sink.updates}
+    assert by_npc["pid"].bark == f"pid {source.pid}"  # answered by the child
+    assert by_npc["marla"].request_id == "r-marla-1"  # re-stamped with the request it answers
+    for update in sink.updates:  # what a controller gets is an ordinary update
+        controller.deliver(update)
+    controller.frame(DT, 0.0, ORIGIN)
+    assert controller.stats().unknown_npc == 1  # "pid" is not in the crowd
+    intent = controller.intent_of("marla")
+    assert intent is None  # not the request in flight for marla: dropped as stale
+    assert controller.stats().dropped_stale == 1
+
+
+def test_process_source_round_trip_through_the_controller() -> None:
+    controller = Controller()
+    controller.add("marla", "barkeep", (5.0, 0.0))
+    source = ProcessIntentSource(intent_fetchers.answering)
+    source.start(controller)
+    controller.source = source
+    try:
+        controller.request_now("marla")
+        controller.frame(DT, 0.0, ORIGIN)  # submits
+        now = DT
+        for _ in range(3000):  # frames until the answer lands (bounded)
+            controller.frame(DT, now, ORIGIN)
+            now += DT
+            if controller.intent_of("marla") is not None:
+                break
+            threading.Event().wait(0.005)
+    finally:
+        source.close()
+    intent = controller.intent_of("marla")
+    assert intent is not None and intent.intent == "trade"
+    assert controller.stats().applied == 1
+
+
+def test_process_source_passes_failures_back_typed_or_named() -> None:
+    sink = Collector()
+    with ProcessIntentSource(intent_fetchers.answering) as source:
+        source.start(sink)
+        source.submit(ask("broken"), Tier.GOLD)
+        source.submit(ask("odd"), Tier.SILVER)
+        sink.wait_for(2)
+    broken = sink.failure_of("broken")
+    assert isinstance(broken, ValueError) and "model down" in str(broken)
+    odd = sink.failure_of("odd")  # cannot be pickled: named in a RuntimeError instead
+    assert isinstance(odd, RuntimeError) and "UnpicklableError: odd failure" in str(odd)
+
+
+def test_a_child_that_cannot_connect_raises_at_start() -> None:
+    source = ProcessIntentSource(intent_fetchers.refusing)
+    with pytest.raises(ConnectionError, match="no server at"):
+        source.start(Collector())
+    assert not source.running
+    source.close()  # still fine
+
+
+def test_close_fails_the_requests_still_running() -> None:
+    sink = Collector()
+    source = ProcessIntentSource(intent_fetchers.answering)
+    source.start(sink)
+    source.submit(ask("slow"), Tier.GOLD)
+    source.close()
+    sink.wait_for(1)
+    assert isinstance(sink.failure_of("slow"), ConnectionError)
+    source.submit(ask("marla"), Tier.GOLD)  # after close: fails at once
+    sink.wait_for(2)
+    assert isinstance(sink.failure_of("marla"), ConnectionError)
+
+
+def test_a_dead_child_fails_its_requests_and_the_game_goes_on() -> None:
+    controller = Controller()
+    controller.add("marla", "barkeep", (5.0, 0.0))
+    sink = Collector()
+    source = ProcessIntentSource(intent_fetchers.answering)
+    source.start(sink)
+    try:
+        source.submit(ask("slow"), Tier.GOLD)
+        pid = source.pid
+        assert pid is not None
+        os.kill(pid, 9)
+        sink.wait_for(1)
+        assert isinstance(sink.failure_of("slow"), ConnectionError)
+        assert not source.running
+        source.submit(ask("marla"), Tier.GOLD)
+        sink.wait_for(2)
+        assert isinstance(sink.failure_of("marla"), ConnectionError)
+        controller.frame(DT, 0.0, ORIGIN)  # the frame path is untouched
+    finally:
+        source.close()
