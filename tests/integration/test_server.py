@@ -31,6 +31,7 @@ from mythic.contracts import (
     ToolCall,
     parse_server_message,
 )
+from mythic.dialogue import ReplySink
 from mythic.engine import Engine
 from mythic.knowledge import load_world
 from mythic.memory import Memory
@@ -81,7 +82,7 @@ async def running(
     engines: tuple[Engine, Engine],
     settings: MythicSettings,
     *,
-    on_phrase: Callable[[str, str, str], None] | None = None,
+    replies: ReplySink | None = None,
     world: Path = EXAMPLE_WORLD,
     memory: Memory | None = None,
     **sections: dict[str, Any],
@@ -94,9 +95,7 @@ async def running(
     effective = settings.model_copy(update=updates)
     talk, decide = engines
     router = talk_and_decide(effective, talk, decide)
-    gateway = Gateway(
-        effective, load_world(world), router=router, on_phrase=on_phrase, memory=memory
-    )
+    gateway = Gateway(effective, load_world(world), router=router, replies=replies, memory=memory)
     async with serving(gateway) as (host, port):
         yield f"{host}:{port}", gateway
 
@@ -334,15 +333,21 @@ async def test_at_most_max_concurrent_speakers_speak_and_phrases_cover_each_repl
     engines: tuple[Engine, Engine], settings: MythicSettings
 ) -> None:
     phrases: dict[str, list[str]] = {}
+    done: dict[str, str] = {}
 
-    def phrase(npc_id: str, turn_id: str, text: str) -> None:
-        phrases.setdefault(turn_id, []).append(text)
+    class Phrases:
+        def phrase(self, session_id: str, npc_id: str, turn_id: str, text: str) -> None:
+            assert turn_id not in done  # every phrase before the end
+            phrases.setdefault(turn_id, []).append(text)
+
+        def reply_done(self, session_id: str, npc_id: str, turn_id: str, reason: str) -> None:
+            done[turn_id] = reason
 
     async with (
         running(
             engines,
             settings,
-            on_phrase=phrase,
+            replies=Phrases(),
             chat=_chat(settings),
             dialogue={"max_concurrent_speakers": 1, "decide": False},
         ) as (address, _),
@@ -367,6 +372,7 @@ async def test_at_most_max_concurrent_speakers_speak_and_phrases_cover_each_repl
     for turn, text in zip(turns, texts, strict=True):
         # Every word of the reply reached speech, in order, in phrases.
         assert " ".join(phrases[turn.turn_id]).split() == text.split()
+        assert done[turn.turn_id] == "stop"
 
 
 async def test_an_intent_request_gets_a_constrained_intent_and_a_short_bark(

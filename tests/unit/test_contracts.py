@@ -42,10 +42,14 @@ from mythic.contracts import (
     ToolCall,
     TTSChunk,
     Viseme,
+    VoiceFormat,
     Welcome,
+    dump_audio_frame,
     dump_message,
     error_message,
+    is_audio_frame,
     json_schemas,
+    parse_audio_frame,
     parse_client_message,
     parse_message,
     parse_server_message,
@@ -57,11 +61,22 @@ PCM = bytes(range(256)) * 4  # 1024 bytes: every byte value goes through base64
 
 # One message of every type, with every optional field set.
 SAMPLES: list[Message] = [
-    SessionStart(player_id="p-7", session_id="s-1", resume_token="r-9f2c"),
+    SessionStart(
+        player_id="p-7",
+        session_id="s-1",
+        resume_token="r-9f2c",
+        voice=VoiceFormat(input_rate=48000, binary=True, push_to_talk=True),
+    ),
     Welcome(session_id="s-1", resume_token="r-9f2c", resumed=True, max_frame_bytes=65536),
     SessionEnd(session_id="s-1", reason="player logged out"),
     AudioChunk(
-        npc_id="barkeep_01", session_id="s-1", pcm=PCM, sample_rate=16000, ts_client=1723909123.102
+        npc_id="barkeep_01",
+        session_id="s-1",
+        pcm=PCM,
+        sample_rate=16000,
+        ts_client=1723909123.102,
+        turn_id="t-310",
+        end=True,
     ),
     ASRPartial(npc_id="barkeep_01", session_id="s-1", turn_id="t-309", text="did you say"),
     ASRFinal(
@@ -226,6 +241,66 @@ def test_none_fields_are_left_out_and_defaults_fill_in() -> None:
         '{"schema_version":"v1","type":"Cutoff","npc_id":"a","session_id":"s","turn_id":"t"}'
     )
     assert isinstance(parsed, Cutoff) and parsed.reason == "barge_in"
+
+
+def test_binary_audio_frames_round_trip_without_base64() -> None:
+    chunk = AudioChunk(npc_id="a", session_id="s", pcm=PCM, sample_rate=16000, ts_client=1.5)
+    frame = dump_audio_frame(chunk)
+    assert is_audio_frame(frame) and frame.endswith(PCM)
+    assert len(frame) < len(dump_message(chunk))  # no base64
+    assert parse_audio_frame(frame, side="client") == chunk
+    out = TTSChunk(
+        npc_id="a",
+        session_id="s",
+        turn_id="t",
+        seq=3,
+        pcm=PCM,
+        sample_rate=22050,
+        visemes=(Viseme(t=0.0, p="aa"), Viseme(t=0.02, p="PP")),
+        final=True,
+    )
+    assert parse_audio_frame(dump_audio_frame(out), side="server") == out
+    assert not is_audio_frame(dump_message(chunk)) and not is_audio_frame(b'{"type":1}')
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        (b"MYA2" + bytes(8), "bad_audio_frame"),  # not the magic
+        (b"MYA1\x00", "bad_audio_frame"),  # no header length
+        (b"MYA1" + (1000).to_bytes(4, "little") + b"{}", "bad_audio_frame"),  # claims too much
+        (b"MYA1" + (2).to_bytes(4, "little") + b"[]\x00\x00", "not_an_object"),
+        (b"MYA1" + (3).to_bytes(4, "little") + b"{x}\x00\x00", "bad_json"),
+    ],
+)
+def test_malformed_audio_frames_get_typed_errors(frame: bytes, code: str) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_audio_frame(frame, side="client")
+    assert caught.value.code == code
+
+
+def test_audio_frame_headers_are_checked_like_json_messages() -> None:
+    chunk = AudioChunk(npc_id="a", session_id="s", pcm=b"\x01\x02", sample_rate=16000, ts_client=0)
+    frame = dump_audio_frame(chunk)
+    with pytest.raises(ProtocolError) as caught:
+        parse_audio_frame(frame[:-1], side="client")  # odd PCM
+    assert caught.value.code == "invalid_message" and caught.value.ref == "pcm"
+    with pytest.raises(ProtocolError) as caught:
+        parse_audio_frame(frame, side="server")  # a client's audio is not the server's
+    assert caught.value.code == "unexpected_type"
+    header = dump_message(chunk).encode()  # pcm inside the header too
+    with pytest.raises(ProtocolError) as caught:
+        parse_audio_frame(b"MYA1" + len(header).to_bytes(4, "little") + header, side="client")
+    assert caught.value.ref == "pcm"
+    with pytest.raises(ProtocolError) as caught:
+        parse_audio_frame(frame, side="client", max_bytes=10)
+    assert caught.value.code == "frame_too_large"
+
+
+def test_voice_format_takes_rates_the_server_can_decimate() -> None:
+    assert VoiceFormat().input_rate == 16000
+    with pytest.raises(ValidationError, match="16000, 32000 or 48000"):
+        VoiceFormat(input_rate=44100)
 
 
 def test_audio_is_raw_bytes_in_python_and_base64_on_the_wire() -> None:

@@ -27,6 +27,7 @@ PUBLIC = [
     "mythic.server",
     "mythic.client",
     "mythic.control",
+    "mythic.speech",
 ]
 
 # ARCHITECTURE.md: imports point down only. Each package may import the ones listed.
@@ -37,22 +38,44 @@ ALLOWED: dict[str, set[str]] = {
     "engine": BASE,
     "knowledge": BASE,
     "memory": BASE,
+    "speech": BASE,
     "route": BASE | {"engine", "knowledge", "memory"},
     "dialogue": BASE | {"engine", "knowledge", "memory", "route"},
-    "server": BASE | {"engine", "knowledge", "memory", "route", "dialogue"},
+    "server": BASE | {"engine", "knowledge", "memory", "speech", "route", "dialogue"},
     # A game vendors the client without the server: it may import only the wire contracts.
     "client": {"_errors", "_extras", "contracts"},
     "control": {"_errors", "contracts"},
     "cli": BASE
-    | {"engine", "knowledge", "memory", "route", "dialogue", "server", "client", "control"},
+    | {
+        "engine",
+        "knowledge",
+        "memory",
+        "speech",
+        "route",
+        "dialogue",
+        "server",
+        "client",
+        "control",
+    },
 }
-HEAVY = ["llama_cpp", "torch", "numpy", "transformers", "redis", "asyncpg"]
+HEAVY = [
+    "llama_cpp",
+    "torch",
+    "numpy",
+    "transformers",
+    "redis",
+    "asyncpg",
+    "onnxruntime",
+    "faster_whisper",
+    "ctranslate2",
+    "piper",
+]
 
 
 def test_import_loads_no_model_and_no_heavy_library() -> None:
     code = (
         "import sys, mythic, mythic.config, mythic.engine, mythic.knowledge, "
-        "mythic.memory, mythic.route, mythic.dialogue, mythic.cli\n"
+        "mythic.memory, mythic.route, mythic.dialogue, mythic.speech, mythic.cli\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])"
     )
     result = subprocess.run(

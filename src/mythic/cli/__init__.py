@@ -52,6 +52,8 @@ eval_app = typer.Typer(help="Evaluate NPCs with probes through a real server: lo
 app.add_typer(eval_app, name="eval")
 jobs_app = typer.Typer(help="Bronze jobs (lore, quest, summary): submit, list, show, work.")
 app.add_typer(jobs_app, name="jobs")
+voice_app = typer.Typer(help="NPC voices: list the profiles, preview one as a WAV file.")
+app.add_typer(voice_app, name="voice")
 
 # markup=False: NPC names, player lines and paths may contain [brackets] that are not markup.
 out = Console(highlight=False, soft_wrap=True, markup=False)
@@ -735,6 +737,13 @@ def serve(
     port: Annotated[
         int | None, typer.Option("--port", "-p", help="TCP port, 0 for any (default: server.port).")
     ] = None,
+    voice: Annotated[
+        bool | None,
+        typer.Option(
+            "--voice/--no-voice",
+            help="Serve voice sessions: speech in and out (default: speech.enabled).",
+        ),
+    ] = None,
     config: ConfigOption = None,
 ) -> None:
     """Serve the world's NPCs over WebSocket (/v1/ws) and HTTP until Ctrl-C."""
@@ -742,7 +751,10 @@ def serve(
     server = settings.server.model_copy(
         update={k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     )
-    settings = settings.model_copy(update={"server": server})
+    speech = settings.speech
+    if voice is not None:
+        speech = speech.model_copy(update={"enabled": voice})
+    settings = settings.model_copy(update={"server": server, "speech": speech})
 
     def run() -> None:
         from mythic.server import serve as serve_world
@@ -784,9 +796,23 @@ def chat(
             help="Say this and print the reply instead of chatting interactively (repeatable).",
         ),
     ] = None,
+    voice: Annotated[
+        Path | None,
+        typer.Option(
+            "--voice",
+            help="Speak this WAV file to the NPC (streamed at real-time pace) and hear the "
+            "reply in audio; without --server, a voice server is started for --world.",
+        ),
+    ] = None,
+    out_wav: Annotated[
+        Path, typer.Option("--out", "-o", help="Where --voice writes the NPC's spoken reply.")
+    ] = Path("reply.wav"),
     config: ConfigOption = None,
 ) -> None:
     """Talk to an NPC in the terminal; replies stream as they are generated."""
+    if voice is not None:
+        _guard(lambda: _chat_by_voice(voice, npc, server, world, out_wav))
+        return
     if server is not None:
         _guard(lambda: _chat_over_server(server, npc, say))
         return
@@ -837,6 +863,69 @@ def chat(
             out.print()
     finally:
         engine.close()
+
+
+def _chat_by_voice(
+    wav: Path, npc: str, server: str | None, world: Path | None, out_wav: Path
+) -> None:
+    import asyncio
+    import contextlib
+
+    from mythic.cli._sim import spawned_server
+    from mythic.cli._voice import load_speech, talk_once
+
+    pcm = load_speech(wav)
+    with contextlib.ExitStack() as stack:
+        if server is None:
+            if world is None:
+                raise MythicError("give --world (a voice server is started for it) or --server")
+            err.print(f"starting a voice server for {world} ...")
+            server = stack.enter_context(spawned_server(world, voice=True, nice=0))
+        err.print(f"speaking {len(pcm) / 32000:.1f} s of {wav} to {npc} ...")
+        try:
+            turn, latency = asyncio.run(
+                talk_once(server, npc, pcm, out_wav, lambda line: out.print(line))
+            )
+        except (OSError, TimeoutError) as exc:
+            raise MythicError(f"voice chat with {server} failed: {exc!r}") from exc
+    out.print(f"{npc}> {turn.text}")
+    if turn.chunks:
+        seconds = len(turn.pcm) / 2 / (turn.sample_rate or 22050)
+        out.print(f"audio: {seconds:.1f} s in {len(turn.chunks)} chunks -> {out_wav}")
+    out.print(
+        "latency from the end of speech: "
+        + "  ".join(f"{hop} {s * 1000:.0f} ms" for hop, s in latency.items())
+    )
+
+
+@voice_app.command("list")
+def voice_list() -> None:
+    """The voice profiles NPCs can have (`voice_id` in a card; an archetype's name is one)."""
+    from mythic.speech import Voices
+
+    for profile in Voices():
+        effects = ", ".join(" ".join(effect) for effect in profile.effects) or "-"
+        out.print(
+            f"{profile.voice_id:<10} {profile.engine:<7} rate {profile.rate:<5g} pitch "
+            f"{profile.pitch_semitones:+g}  effects: {effects}  {profile.description}"
+        )
+
+
+@voice_app.command("preview")
+def voice_preview(
+    voice_id: Annotated[str, typer.Argument(help="A voice id (mythic voice list).")],
+    text: Annotated[str, typer.Argument(help="What to say.")],
+    output: Annotated[Path, typer.Option("--out", "-o", help="The WAV file to write.")] = Path(
+        "preview.wav"
+    ),
+) -> None:
+    """Say `text` in a voice, into a WAV file."""
+    import asyncio
+
+    from mythic.speech import write_preview
+
+    path = _guard(lambda: asyncio.run(write_preview(voice_id, text, output)))
+    out.print(f"wrote {path}")
 
 
 def _chat_over_server(url: str, npc: str, say: list[str] | None) -> None:

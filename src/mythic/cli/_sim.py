@@ -292,7 +292,12 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def spawned_server(
-    world: Path, *, threads: int = 1, nice: int = _NICE, timeout_s: float = 300
+    world: Path,
+    *,
+    threads: int = 1,
+    nice: int = _NICE,
+    voice: bool = False,
+    timeout_s: float = 300,
 ) -> Iterator[str]:
     """`mythic serve` in a process of its own (as a game would run it), its engines limited
     to `threads` cores so the game keeps the rest, and below the game's priority (`nice`, on
@@ -307,7 +312,10 @@ def spawned_server(
     env = {**os.environ, "MYTHIC_ENGINE__N_THREADS": str(threads)}
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mythic", "serve", "--world", str(world), "--port", str(port)],
+            [
+                *(sys.executable, "-m", "mythic", "serve", "--world", str(world)),
+                *("--port", str(port), "--voice" if voice else "--no-voice"),
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

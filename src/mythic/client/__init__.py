@@ -11,6 +11,7 @@ from mythic.client._client import (
     ToolResult,
     Turn,
     TurnEvent,
+    VoiceTurn,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "ToolResult",
     "Turn",
     "TurnEvent",
+    "VoiceTurn",
 ]

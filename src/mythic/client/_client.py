@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
@@ -13,6 +14,9 @@ from mythic._errors import MythicError
 from mythic._extras import require
 from mythic.contracts import (
     Ack,
+    ASRFinal,
+    ASRPartial,
+    AudioChunk,
     ClientMessage,
     Cutoff,
     Error,
@@ -27,8 +31,13 @@ from mythic.contracts import (
     SessionEnd,
     SessionStart,
     ToolCall,
+    TTSChunk,
+    VoiceFormat,
     Welcome,
+    dump_audio_frame,
     dump_message,
+    is_audio_frame,
+    parse_audio_frame,
     parse_server_message,
 )
 
@@ -115,6 +124,101 @@ class Turn:
         )
 
 
+class VoiceTurn:
+    """One spoken line to an NPC and everything that comes back for it.
+
+    The client picks the turn's id and sends it with the audio; if the audio holds no words
+    (noise, a cough) nothing comes back and `wait` times out. `partials` are the captions
+    while the player spoke, `transcript` what the server heard, `deltas` the reply's text,
+    `chunks` its audio (`pcm`, at `sample_rate`) with visemes. `cutoff` is set when the NPC
+    was cut off. The `*_at` marks are `time.perf_counter()` on this client, for latency.
+    """
+
+    def __init__(self, npc_id: str, turn_id: str) -> None:
+        self.npc_id = npc_id
+        self.turn_id = turn_id
+        self.partials: list[str] = []
+        self.transcript: str | None = None
+        self.deltas: list[LLMStreamDelta] = []
+        self.chunks: list[TTSChunk] = []
+        self.errors: list[Error] = []
+        self.cutoff: Cutoff | None = None
+        self.speech_end_at: float | None = None
+        """When the last audio of the line was sent (before any trailing silence)."""
+        self.heard_at: float | None = None
+        self.first_delta_at: float | None = None
+        self.first_audio_at: float | None = None
+        self.heard = asyncio.Event()
+        """Set when the final transcript (or an error for the line) arrived."""
+        self.replied = asyncio.Event()
+        """Set when the reply's text is complete."""
+        self.spoken = asyncio.Event()
+        """Set when the reply's last audio chunk arrived, or the NPC was cut off."""
+
+    @property
+    def text(self) -> str:
+        """The reply text received so far."""
+        return "".join(d.delta for d in self.deltas)
+
+    @property
+    def pcm(self) -> bytes:
+        """The reply's audio so far, joined."""
+        return b"".join(c.pcm for c in self.chunks)
+
+    @property
+    def sample_rate(self) -> int | None:
+        return self.chunks[0].sample_rate if self.chunks else None
+
+    async def wait(self, timeout_s: float = 60.0, *, quiet_s: float = 5.0) -> VoiceTurn:
+        """Wait until the reply has been spoken (its final chunk, or a cut-off), or its text
+        is done and no audio came for `quiet_s` (a reply with nothing to say).
+
+        Raises:
+            TimeoutError: not done within `timeout_s`.
+        """
+        async with asyncio.timeout(timeout_s):
+            await self.replied.wait()
+            while not self.spoken.is_set():
+                last = len(self.chunks)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(quiet_s):
+                        await self.spoken.wait()
+                if len(self.chunks) == last:
+                    break
+        return self
+
+    def _route(self, message: ServerMessage) -> None:
+        now = time.perf_counter()
+        match message:
+            case ASRPartial():
+                self.partials.append(message.text)
+            case ASRFinal():
+                self.transcript, self.heard_at = message.text, now
+                self.heard.set()
+            case LLMStreamDelta():
+                if self.first_delta_at is None:
+                    self.first_delta_at = now
+                self.deltas.append(message)
+                if message.final and message.finish_reason != "tool_call":
+                    self.replied.set()
+                    if message.finish_reason in ("cutoff", "error"):
+                        self.spoken.set()
+            case TTSChunk():
+                if self.first_audio_at is None:
+                    self.first_audio_at = now
+                self.chunks.append(message)
+                if message.final:
+                    self.spoken.set()
+            case Cutoff():
+                self.cutoff = message
+                self.replied.set()
+                self.spoken.set()
+            case Error():
+                self.errors.append(message)
+                if self.transcript is None:
+                    self.heard.set()
+
+
 class MythicClient:
     """A game's connection to a Mythic server.
 
@@ -128,6 +232,10 @@ class MythicClient:
     turns in flight when the connection drops end with `ConnectionLostError`. With a
     `tool_handler` it answers every `ToolCall` with an `Ack`; without one, call `ack`.
     Messages that belong to no turn (NPC states, pushed intents, errors) go to `events`.
+
+    With `voice`, the session talks by voice: `talk` streams a line of microphone audio to
+    an NPC and returns a `VoiceTurn` with the captions, the transcript, the reply and its
+    audio; `send_audio` sends raw chunks (a game's own microphone loop).
     """
 
     def __init__(
@@ -142,6 +250,7 @@ class MythicClient:
         timeout_s: float = 30.0,
         max_frame_bytes: int = 4 * 1024 * 1024,
         max_events: int = 1024,
+        voice: VoiceFormat | None = None,
     ) -> None:
         self._ws_client = require("websockets.asyncio.client", package="websockets", extra="client")
         self.url = url
@@ -159,7 +268,9 @@ class MythicClient:
         self.events: asyncio.Queue[ServerMessage] = asyncio.Queue(max_events)
         """Messages of no turn: NPC states, pushed intents, errors. Bounded: when nobody reads
         it, the oldest are dropped."""
+        self.voice = voice
         self._turns: dict[str, Turn] = {}
+        self._voice_turns: dict[str, VoiceTurn] = {}
         self._intents: dict[str, asyncio.Future[IntentUpdate]] = {}
         self._ws: Any = None
         self._connected = asyncio.Event()
@@ -191,6 +302,7 @@ class MythicClient:
             player_id=self.player_id,
             session_id=self.session_id if resume else None,
             resume_token=self.resume_token,
+            voice=self.voice,
         )
         await self._ws.send(dump_message(start))
         while True:
@@ -244,6 +356,89 @@ class MythicClient:
                     if not self.reconnect:
                         raise ConnectionLostError(f"connection closed: {exc}") from exc
                     self._connected.clear()
+
+    async def send_audio(
+        self,
+        npc_id: str,
+        pcm: bytes,
+        *,
+        sample_rate: int | None = None,
+        turn_id: str | None = None,
+        end: bool = False,
+    ) -> None:
+        """Send a chunk of the player's microphone audio (16-bit mono PCM, 20-100 ms) to
+        `npc_id`, as a binary frame. `turn_id`: the turn the utterance opens (default: the
+        server picks). `end`: push-to-talk released, the utterance ends here.
+
+        Raises:
+            ClientError: the session did not open with `voice`.
+        """
+        if self.voice is None:
+            raise ClientError("this client's session has no voice; pass voice=VoiceFormat()")
+        chunk = AudioChunk(
+            npc_id=npc_id,
+            session_id=self.session_id,
+            pcm=pcm,
+            sample_rate=sample_rate or self.voice.input_rate,
+            ts_client=time.time(),
+            turn_id=turn_id,
+            end=end,
+        )
+        async with asyncio.timeout(self.timeout_s):
+            while True:
+                await self._connected.wait()
+                try:
+                    await self._ws.send(dump_audio_frame(chunk))
+                    return
+                except self._closed_errors() as exc:
+                    if not self.reconnect:
+                        raise ConnectionLostError(f"connection closed: {exc}") from exc
+                    self._connected.clear()
+
+    async def talk(
+        self,
+        npc_id: str,
+        pcm: bytes,
+        *,
+        chunk_ms: int = 40,
+        realtime: bool = True,
+        silence_ms: int = 700,
+    ) -> VoiceTurn:
+        """Speak a line to `npc_id`: stream `pcm` (at the session's `input_rate`) in chunks
+        of `chunk_ms`, at real-time pace unless `realtime` is false, then `silence_ms` of
+        silence so the server hears the end. Returns at once after sending; await the
+        turn's `heard`, `replied` and `spoken` events, or `wait()`.
+        """
+        if self.voice is None:
+            raise ClientError("this client's session has no voice; pass voice=VoiceFormat()")
+        if len(pcm) % 2:
+            raise ValueError("pcm is 16-bit samples: an even number of bytes")
+        turn = VoiceTurn(npc_id, f"v-{uuid.uuid4().hex[:12]}")
+        if len(self._voice_turns) >= 64:  # lines that held no words never finish: forget them
+            del self._voice_turns[next(iter(self._voice_turns))]
+        self._voice_turns[turn.turn_id] = turn
+        step = self.voice.input_rate * chunk_ms // 1000 * 2
+        silence = bytes(self.voice.input_rate * silence_ms // 1000 * 2)
+        began = time.perf_counter()
+        sent_s = 0.0
+        for offset, end_of_speech in [
+            *((o, False) for o in range(0, len(pcm), step)),
+            *((len(pcm) + o, True) for o in range(0, len(silence), step)),
+        ]:
+            data = pcm[offset : offset + step] if not end_of_speech else silence[:step]
+            if end_of_speech and turn.speech_end_at is None:
+                turn.speech_end_at = time.perf_counter()
+            if len(data) < 2:
+                continue
+            if realtime:
+                ahead = began + sent_s - time.perf_counter()
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+            await self.send_audio(npc_id, data, turn_id=turn.turn_id)
+            sent_s += len(data) / 2 / self.voice.input_rate
+        if turn.speech_end_at is None:
+            turn.speech_end_at = time.perf_counter()
+        return turn
 
     async def say(self, npc_id: str, text: str, *, turn_id: str | None = None) -> Turn:
         """Say `text` to `npc_id`; iterate the returned turn for the reply."""
@@ -349,7 +544,12 @@ class MythicClient:
             try:
                 async for frame in self._ws:
                     try:
-                        self._route(parse_server_message(frame))
+                        if isinstance(frame, bytes) and is_audio_frame(frame):
+                            audio = parse_audio_frame(frame, side="server")
+                            if isinstance(audio, TTSChunk):
+                                self._route(audio)
+                        else:
+                            self._route(parse_server_message(frame))
                     except ProtocolError as exc:
                         log.warning("unreadable message from the server: %s", exc)
             except self._closed_errors():
@@ -383,6 +583,8 @@ class MythicClient:
 
     def _route(self, message: ServerMessage) -> None:
         turn_id = getattr(message, "turn_id", None)
+        if self._route_voice(message, turn_id):
+            return
         turn = self._turns.get(turn_id) if turn_id else None
         match message:
             case LLMStreamDelta() | Cutoff() if turn is not None:
@@ -407,6 +609,16 @@ class MythicClient:
         if self.events.full():
             self.events.get_nowait()
         self.events.put_nowait(message)
+
+    def _route_voice(self, message: ServerMessage, turn_id: str | None) -> bool:
+        """Hand a voice turn its messages; True when one took it."""
+        voice = self._voice_turns.get(turn_id) if turn_id else None
+        if voice is None:
+            return False
+        voice._route(message)
+        if voice.spoken.is_set():
+            self._voice_turns.pop(voice.turn_id, None)
+        return True
 
     async def _handle_tool(self, call: ToolCall) -> None:
         assert self.tool_handler is not None

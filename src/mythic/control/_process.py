@@ -287,6 +287,14 @@ def _child_main(
         conn.close()
 
 
+def _receive(conn: Connection) -> Any:
+    """The next message from the game; None when it says stop or is gone."""
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        return None
+
+
 async def _child_serve(
     conn: Connection, connect: Connect, max_concurrency: int, max_wait_s: float | None
 ) -> None:
@@ -301,27 +309,18 @@ async def _child_serve(
         pool = FetchPool(
             fetch, _PipeSink(conn), max_concurrency=max_concurrency, max_wait_s=max_wait_s
         )
-        done = asyncio.Event()
 
-        def readable() -> None:
-            try:
-                while conn.poll():
-                    message: Any = conn.recv()
-                    if message is None:
-                        done.set()
-                        break
-                    _, tier, request = message
-                    pool.put(request, Tier(tier))
-            except (EOFError, OSError):  # the game went away
-                done.set()
-            if done.is_set():
-                loop.remove_reader(conn.fileno())
+        async def pump() -> None:
+            # The pipe is read on a thread (not `add_reader`: Windows' loop lacks it).
+            while (message := await loop.run_in_executor(None, _receive, conn)) is not None:
+                _, tier, request = message
+                pool.put(request, Tier(tier))
 
-        loop.add_reader(conn.fileno(), readable)
         runner = asyncio.create_task(pool.run(ready=lambda: conn.send(("ready",))))
-        stopped = asyncio.create_task(done.wait())
-        await asyncio.wait({runner, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        pumping = asyncio.create_task(pump())
+        await asyncio.wait({runner, pumping}, return_when=asyncio.FIRST_COMPLETED)
         pool.stop()
         await runner
+        pumping.cancel()
     finally:
         await entered.__aexit__(None, None, None)

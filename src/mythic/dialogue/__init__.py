@@ -4,11 +4,12 @@
 per active NPC, and talks to the game through an `Outbox` of v1 messages.
 """
 
-from mythic.dialogue._actor import NPCActor, Scene, TurnRecord
+from mythic.dialogue._actor import INTERRUPTED_NOTE, NPCActor, Scene, TurnRecord
 from mythic.dialogue._cast import (
     Cast,
     DialogueStats,
     Outbox,
+    ReplySink,
     ToolOutcome,
     UnknownCallError,
     UnknownNPCError,
@@ -35,6 +36,7 @@ from mythic.dialogue._tools import (
 
 __all__ = [
     "INTENTS",
+    "INTERRUPTED_NOTE",
     "TOOLS",
     "TOOLS_BY_INTENT",
     "TRANSITIONS",
@@ -52,6 +54,7 @@ __all__ = [
     "Outbox",
     "PhraseBuffer",
     "PlayerInputError",
+    "ReplySink",
     "Scene",
     "Tool",
     "ToolArgumentError",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -257,6 +258,9 @@ class NPCActor:
                     self._held = deque(h for h in self._held if h.session_id != event.session_id)
                     await self._stop_turn(event.reason, announce=False)
                     self._next_held(tasks)
+                elif event.reason == "barge_in" and event.turn_id is not None:
+                    # The reply was all written but still being spoken when the player cut in.
+                    self._mark_interrupted(event.session_id, event.turn_id)
             case SceneChange(update=update):
                 if update.zone is not None:
                     self.scene.zone = update.zone
@@ -298,6 +302,22 @@ class NPCActor:
     def _next_held(self, tasks: asyncio.TaskGroup) -> None:
         if self._turn is None and self._held:
             self._start_turn(self._held.popleft(), tasks)
+
+    def _mark_interrupted(self, session_id: str, turn_id: str) -> None:
+        last = self.last_turn
+        history = self.histories.get(session_id)
+        if (
+            last is None
+            or (last.session_id, last.turn_id) != (session_id, turn_id)
+            or last.finish == "cutoff"
+            or not history
+            or history[-1].role != "assistant"
+            or history[-1].content.endswith(INTERRUPTED_NOTE)
+        ):
+            return
+        history[-1] = ChatMessage("assistant", f"{history[-1].content} {INTERRUPTED_NOTE}")
+        self.last_turn = dataclasses.replace(last, finish="cutoff")
+        self.cast.stats.barge_ins += 1
 
     async def _stop_turn(self, reason: str, *, announce: bool) -> None:
         """Stop the running turn and wait until it has cleaned up (its engine request is
@@ -395,10 +415,12 @@ class NPCActor:
                 memory.record_turn(self.npc_id, line.player_id, session, "player", line.text)
                 if said:
                     memory.record_turn(self.npc_id, line.player_id, session, "npc", said)
+            # After a barge-in the next turn knows: the model sees where it was stopped.
+            kept = f"{said} {INTERRUPTED_NOTE}" if out.reason == "cutoff" and said else said
             if out.history_open:
-                history.append(ChatMessage("assistant", said or "..."))
+                history.append(ChatMessage("assistant", kept or "..."))
             elif said:
-                history += [user, ChatMessage("assistant", said)]
+                history += [user, ChatMessage("assistant", kept)]
             # Keep twice the exchanges a prompt uses; the oldest whole exchanges go first.
             starts = _exchange_starts(history)
             keep = 2 * cast.settings.chat.history_turns
@@ -804,12 +826,15 @@ class _TurnOutput:
         self._pieces.append(text)
         self._delta(text)
         for phrase in self._phrases.push(text, time.perf_counter()):
-            self.actor.cast.phrase(self.actor.npc_id, self.line.turn_id, phrase)
+            self._phrase(phrase)
+
+    def _phrase(self, text: str) -> None:
+        self.actor.cast.phrase(self.line.session_id, self.actor.npc_id, self.line.turn_id, text)
 
     def _flush_phrases(self) -> None:
         rest = self._phrases.flush()
         if rest:
-            self.actor.cast.phrase(self.actor.npc_id, self.line.turn_id, rest)
+            self._phrase(rest)
 
     def end_segment(self, reason: Finish) -> None:
         self._flush_phrases()
@@ -828,6 +853,9 @@ class _TurnOutput:
             self._closed = True
             if self._segment_open or self.seq == 0 or self.reason in ("cutoff", "error"):
                 self.end_segment(self.reason)
+            self.actor.cast.reply_done(
+                self.line.session_id, self.actor.npc_id, self.line.turn_id, self.reason
+            )
 
 
 def _exchange_starts(history: list[ChatMessage]) -> list[int]:
@@ -846,6 +874,9 @@ def _tool_note(name: str, args: dict[str, Any], outcome: ToolOutcome) -> str:
         f"Game event: {name} {described} -> {outcome.status}{why}{' ' + result if result else ''}"
     )
 
+
+INTERRUPTED_NOTE = "[interrupted by the player]"
+"""Appended to a reply the player cut off, in the history the next turn is prompted with."""
 
 VOICE_RESULT = ChatMessage(
     "system", "Tell the player, in one short sentence and in character, what you just did."

@@ -13,7 +13,6 @@ import logging
 import time
 import uuid
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -96,6 +95,17 @@ class DialogueStats:
         self.first_tokens.append(seconds)
 
 
+class ReplySink(Protocol):
+    """Receives replies phrase by phrase, for speech (the server's voice layer). Called on the
+    event loop; must not block."""
+
+    def phrase(self, session_id: str, npc_id: str, turn_id: str, text: str) -> None:
+        """A phrase (one or two sentences) of the reply to `turn_id` is ready."""
+
+    def reply_done(self, session_id: str, npc_id: str, turn_id: str, reason: str) -> None:
+        """The reply to `turn_id` is over: `stop`, `length`, `tool_call`, `cutoff`, `error`."""
+
+
 class Cast:
     """Owns the actors of the active NPCs: starts one on its NPC's first message, cancels and
     awaits all of them on `aclose`, and restarts one that crashes.
@@ -111,7 +121,7 @@ class Cast:
         settings: MythicSettings,
         outbox: Outbox,
         *,
-        on_phrase: Callable[[str, str, str], None] | None = None,
+        replies: ReplySink | None = None,
         memory: Memory | None = None,
         knowledge: Knowledge | None = None,
     ) -> None:
@@ -133,7 +143,8 @@ class Cast:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._calls: dict[str, _PendingCall] = {}
         self._answered: OrderedDict[str, None] = OrderedDict()
-        self._on_phrase = on_phrase
+        self.replies = replies
+        """Where each reply's phrases go for speech (set by the server's voice layer)."""
         self._closed = False
 
     # -- routing ------------------------------------------------------------------------------
@@ -224,11 +235,16 @@ class Cast:
         if self.knowledge is not None:
             self._world_changed(self.knowledge.world)
 
-    def phrase(self, npc_id: str, turn_id: str, text: str) -> None:
+    def phrase(self, session_id: str, npc_id: str, turn_id: str, text: str) -> None:
         """A phrase of a reply is ready for speech synthesis."""
         self.stats.phrases += 1
-        if self._on_phrase is not None:
-            self._on_phrase(npc_id, turn_id, text)
+        if self.replies is not None:
+            self.replies.phrase(session_id, npc_id, turn_id, text)
+
+    def reply_done(self, session_id: str, npc_id: str, turn_id: str, reason: str) -> None:
+        """A reply is over (`reason`: its finish reason); its last phrase has gone out."""
+        if self.replies is not None:
+            self.replies.reply_done(session_id, npc_id, turn_id, reason)
 
     async def _write_summary(
         self, system: str, user: str, schema: dict[str, Any], max_tokens: int

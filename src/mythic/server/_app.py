@@ -18,7 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from mythic._errors import MythicError
 from mythic.config import MythicSettings
 from mythic.contracts import MAX_TEXT_CHARS, LLMStreamDelta, PlayerUtterance, ServerMessage
-from mythic.dialogue import Cast, MailboxFullError, ToolArgumentError, TurnRecord, UnknownNPCError
+from mythic.dialogue import (
+    Cast,
+    MailboxFullError,
+    ReplySink,
+    ToolArgumentError,
+    TurnRecord,
+    UnknownNPCError,
+)
 from mythic.engine import ChatMessage, Engine, GenerationRequest, Priority, Sampling
 from mythic.knowledge import Knowledge, World, WorldLoadError, approx_tokens
 from mythic.memory import CardError, Memory, MemoryStoreError
@@ -39,6 +46,7 @@ from mythic.server._sessions import Session, Sessions
 
 if TYPE_CHECKING:
     from mythic.server._socket import Connection
+    from mythic.server._voice import VoiceHub
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +120,15 @@ class Gateway:
         *,
         router: Router | None = None,
         jobs: JobQueue | None = None,
-        on_phrase: Callable[[str, str, str], None] | None = None,
+        replies: ReplySink | None = None,
         memory: Memory | None = None,
         knowledge: Knowledge | None = None,
     ) -> None:
         """Requests go through `router` (tiers, endpoints, fallback); without one, every tier
         runs on `engine`, gold on `intent_engine` when given. `jobs`: the bronze job queue
         (the app runs `jobs.workers` workers and applies artifacts to the knowledge; None: no
-        jobs). `on_phrase(npc_id, turn_id, text)` receives each phrase of a reply, ready for
-        speech synthesis. `memory`: the NPCs remember players across sessions (the app starts
+        jobs). `replies` receives each reply phrase by phrase (default: the voice layer, when
+        `speech.enabled`). `memory`: the NPCs remember players across sessions (the app starts
         and closes it). `knowledge`: persona, lore and packing (None: built here from
         `settings.knowledge`, counting tokens with the dialogue model's tokenizer).
 
@@ -157,13 +165,22 @@ class Gateway:
             router,
             settings,
             self.send,
-            on_phrase=on_phrase,
+            replies=replies,
             memory=memory,
             knowledge=knowledge,
         )
+        self.voice: VoiceHub | None = None
+        """Speech in and out for voice sessions; None when `speech.enabled` is false."""
+        if settings.speech.enabled:
+            from mythic.server._voice import VoiceHub
+
+            self.voice = VoiceHub(settings, self.send, self.cast)
+            if replies is None:
+                self.cast.replies = self.voice
         self.ready = False
         self.started = time.monotonic()
         self._connections: dict[str, Connection] = {}
+        self._voice_tasks: set[asyncio.Task[None]] = set()
 
     @property
     def world(self) -> World:
@@ -234,7 +251,22 @@ class Gateway:
         }
 
     def send(self, session_id: str, message: ServerMessage) -> None:
+        if (
+            self.voice is not None
+            and isinstance(message, LLMStreamDelta)
+            and message.seq == 0
+            and not message.final
+        ):
+            self.voice.first_delta(session_id, message.turn_id)
         self.sessions.send(session_id, message)
+
+    def _voice_gone(self, session_id: str, *, forget: bool) -> None:
+        if self.voice is not None:
+            task = asyncio.get_running_loop().create_task(
+                self.voice.session_gone(session_id, forget=forget)
+            )
+            self._voice_tasks.add(task)
+            task.add_done_callback(self._voice_tasks.discard)
 
     def attach(self, session: Session, connection: Connection) -> None:
         """`connection` now serves `session`; a connection that held it before is closed."""
@@ -258,11 +290,13 @@ class Gateway:
             session.on_overflow = None
             session.detached_at = time.monotonic()
             self.cast.session_gone(session.id, forget=False)
+            self._voice_gone(session.id, forget=False)
 
     def end_session(self, session: Session) -> None:
         self._connections.pop(session.id, None)
         self.sessions.remove(session.id)
         self.cast.session_gone(session.id, forget=True)
+        self._voice_gone(session.id, forget=True)
 
     async def reap(self) -> None:
         """Forget sessions whose resume window has passed, until cancelled."""
@@ -271,6 +305,7 @@ class Gateway:
             await asyncio.sleep(interval)
             for session in self.sessions.expired():
                 self.cast.session_gone(session.id, forget=True)
+                self._voice_gone(session.id, forget=True)
 
     async def warmup(self, npcs: list[str]) -> float:
         """Run every engine once (and evaluate the listed NPCs' persona prompts); seconds."""
@@ -407,6 +442,14 @@ def _report(knowledge: Knowledge, report: Any) -> dict[str, Any]:
     }
 
 
+async def _start_voice(voice: VoiceHub) -> None:
+    """Load the speech models in their worker processes; voice sessions wait for it."""
+    try:
+        await voice.start()
+    except MythicError as exc:
+        log.error("speech did not start: %s", exc)
+
+
 async def _warm(gateway: Gateway) -> None:
     try:
         seconds = await gateway.warmup([])
@@ -431,6 +474,8 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
                 jobs = gateway.start_jobs(tasks)
                 reaper = tasks.create_task(gateway.reap())
                 warming = tasks.create_task(_warm(gateway)) if warm else None
+                voice = gateway.voice
+                hearing = tasks.create_task(_start_voice(voice)) if voice is not None else None
                 watcher = (
                     tasks.create_task(gateway.watch_world())
                     if gateway.settings.knowledge.watch
@@ -446,7 +491,11 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
                         watcher.cancel()
                     if warming is not None:
                         warming.cancel()
+                    if hearing is not None:
+                        hearing.cancel()
                     await gateway.cast.aclose()
+                    if voice is not None:
+                        await voice.aclose()
         finally:
             if gateway.jobs is not None:
                 await gateway.jobs.aclose()
@@ -468,14 +517,18 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        """200 once the model is loaded and warmed, 503 before."""
+        """200 once the model is loaded and warmed (and the speech models, when speech is
+        on), 503 before."""
         engine = gateway.engine
+        voice = gateway.voice
+        ready = gateway.ready and (voice is None or voice.ready)
         body = {
-            "ready": gateway.ready,
+            "ready": ready,
             "model": engine.backend.name if engine is not None else None,
             "tiers": {name: tier.endpoints for name, tier in gateway.router.route.tiers.items()},
+            "speech": None if voice is None else {"ready": voice.ready, **voice.tts.engines},
         }
-        return JSONResponse(body, status_code=200 if gateway.ready else 503)
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.post("/v1/warmup")
     async def warmup(body: WarmupRequest | None = None) -> dict[str, Any]:

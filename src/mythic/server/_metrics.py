@@ -84,6 +84,8 @@ class _GatewayCollector(Collector):
             "player line received to first reply delta sent (recent turns)",
             stats.first_tokens,
         )
+        if g.voice is not None:
+            yield from _voice_metrics(g)
         if g.memory is not None:
             yield from _memory_metrics(g)
         yield from _knowledge_metrics(g)
@@ -256,6 +258,38 @@ def _knowledge_metrics(g: Gateway) -> Iterator[Metric]:
     yield from _quantiles(
         "mythic_knowledge_seconds", "retrieval plus context packing per turn", stats.seconds
     )
+
+
+def _voice_metrics(g: Gateway) -> Iterator[Metric]:
+    from mythic.server._voice import HOPS
+
+    assert g.voice is not None
+    stats = g.voice.stats
+    yield GaugeMetricFamily("mythic_voice_ready", "speech models loaded", value=g.voice.ready)
+    for name, doc, value in (
+        ("mythic_voice_utterances", "spoken lines that became player lines", stats.utterances),
+        ("mythic_voice_no_words", "utterances with no words recognised", stats.no_words),
+        ("mythic_voice_backchannels", "backchannels that did not interrupt", stats.backchannels),
+        ("mythic_voice_barge_ins", "NPC speech cut off by the player's", stats.barge_ins),
+        (
+            "mythic_voice_false_interruptions",
+            "NPC speech paused for sound that was not words, then resumed",
+            stats.false_interruptions,
+        ),
+        ("mythic_voice_chunks_sent", "TTS chunks sent", stats.chunks_sent),
+    ):
+        yield CounterMetricFamily(name, doc, value=value)
+    errors = CounterMetricFamily("mythic_voice_errors", "voice errors, by code", labels=["code"])
+    for code, n in sorted(stats.errors.items()):
+        errors.add_metric([code], n)
+    yield errors
+    traces = list(stats.traces)
+    for hop in HOPS:
+        yield from _quantiles(
+            f"mythic_voice_{hop}_seconds",
+            f"end of the player's utterance to {hop.replace('_', ' ')} (recent voice turns)",
+            [t[hop] for t in traces if hop in t],
+        )
 
 
 def _quantiles(name: str, doc: str, samples: Iterable[float]) -> Iterator[Metric]:

@@ -43,6 +43,8 @@ class Session:
         self.detached_at: float | None = None
         self.listeners: list[Callable[[ServerMessage], None]] = []
         self.on_overflow: Callable[[], None] | None = None
+        self.binary_audio = False
+        """Send `TTSChunk`s as binary audio frames (the session's `VoiceFormat.binary`)."""
 
     def push(self, message: ServerMessage) -> None:
         if self.listeners:

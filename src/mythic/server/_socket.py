@@ -17,6 +17,7 @@ from mythic.contracts import (
     Ack,
     AudioChunk,
     ClientMessage,
+    Cutoff,
     Error,
     LLMStreamDelta,
     PlayerUtterance,
@@ -24,9 +25,13 @@ from mythic.contracts import (
     ServerMessage,
     SessionEnd,
     SessionStart,
+    TTSChunk,
     Welcome,
+    dump_audio_frame,
     dump_message,
     error_message,
+    is_audio_frame,
+    parse_audio_frame,
     parse_client_message,
 )
 from mythic.dialogue import MailboxFullError, UnknownCallError, UnknownNPCError
@@ -126,7 +131,12 @@ class Connection:
                 self._refuse_rate()
                 continue
             try:
-                message = parse_client_message(data, max_bytes=self.max_frame_bytes)
+                if isinstance(data, bytes) and is_audio_frame(data):
+                    message: ClientMessage = parse_audio_frame(
+                        data, side="client", max_bytes=self.max_frame_bytes
+                    )  # type: ignore[assignment]
+                else:
+                    message = parse_client_message(data, max_bytes=self.max_frame_bytes)
             except ProtocolError as exc:
                 self._violation(error_message(exc), exc.code)
                 continue
@@ -215,12 +225,11 @@ class Connection:
                 self._close_code = 1000
                 return
             case AudioChunk():
-                self._fail(
-                    "not_supported",
-                    "voice input is not available on this server yet; send PlayerUtterance",
-                    ref="AudioChunk",
-                )
+                self._audio(session, message)
                 return
+            case Cutoff():
+                if self.gateway.voice is not None:
+                    self.gateway.voice.client_cutoff(session.id, message.npc_id, message.turn_id)
         try:
             self.gateway.cast.deliver(session.id, message, player_id=session.player_id)
         except UnknownNPCError as exc:
@@ -248,9 +257,36 @@ class Connection:
                 )
             )
 
+    def _audio(self, session: Session, chunk: AudioChunk) -> None:
+        from mythic.server._voice import VoiceError
+
+        voice = self.gateway.voice
+        if voice is None:
+            self._fail(
+                "voice_unavailable",
+                "this server runs without speech (speech.enabled is false, or the speech "
+                "extra is missing); send PlayerUtterance",
+                ref="AudioChunk",
+            )
+            return
+        try:
+            voice.audio(session.id, chunk)
+        except VoiceError as exc:
+            self._fail(exc.code, exc.message, ref="AudioChunk", retryable=exc.code != "bad_audio")
+        except UnknownNPCError as exc:
+            self._fail("unknown_npc", exc.message, ref="AudioChunk.npc_id")
+
     async def _start(self, start: SessionStart) -> None:
         if self.session is not None:
             self._fail("session_started", "this connection already has a session")
+            return
+        if start.voice is not None and self.gateway.voice is None:
+            self._fail(
+                "voice_unavailable",
+                "this server runs without speech (speech.enabled is false, or the speech "
+                "extra is missing); start the session without voice",
+                ref="SessionStart.voice",
+            )
             return
         try:
             if start.session_id is not None and start.resume_token is not None:
@@ -264,6 +300,9 @@ class Connection:
             return
         self.gateway.attach(session, self)
         self.session = session
+        if start.voice is not None and self.gateway.voice is not None:
+            self.gateway.voice.open_session(session.id, start.voice, session.player_id)
+            session.binary_audio = start.voice.binary
         welcome = Welcome(
             session_id=session.id,
             resume_token=session.resume_token,
@@ -315,7 +354,11 @@ class Connection:
 
     async def _send_frame(self, message: ServerMessage) -> None:
         try:
-            await self.ws.send_text(dump_message(message))
+            session = self.session
+            if isinstance(message, TTSChunk) and session is not None and session.binary_audio:
+                await self.ws.send_bytes(dump_audio_frame(message))
+            else:
+                await self.ws.send_text(dump_message(message))
         except (WebSocketDisconnect, RuntimeError, OSError):
             # The client is gone: stop reading too.
             if self._reader is not None:

