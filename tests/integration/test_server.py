@@ -31,7 +31,7 @@ from mythic.contracts import (
     ToolCall,
     parse_server_message,
 )
-from mythic.dialogue import ReplySink
+from mythic.dialogue import INTERRUPTED_NOTE, ReplySink
 from mythic.engine import Engine
 from mythic.knowledge import load_world
 from mythic.memory import Memory
@@ -266,9 +266,9 @@ async def test_a_cutoff_stops_the_turn_and_a_new_line_barges_in(
         reply = await second.reply()
         assert second.finish_reason in ("stop", "length") and reply
         history = gateway.cast.actors["bran"].histories[client.session_id]
-    # What was said before each cutoff stays in the history.
+    # What was said before each cutoff stays in the history, marked, so the next turn knows.
     said = [m.content for m in history if m.role == "assistant"]
-    assert said[0].strip() == cut_text.strip()
+    assert said[0] == f"{cut_text.strip()} {INTERRUPTED_NOTE}"
     assert [m.content for m in history if m.role == "user"][-1] == "Never mind. Good night!"
     # Only what was said is in the history (the scene and lore go into each prompt).
     assert "system" not in [m.role for m in history]
@@ -372,7 +372,7 @@ async def test_at_most_max_concurrent_speakers_speak_and_phrases_cover_each_repl
     for turn, text in zip(turns, texts, strict=True):
         # Every word of the reply reached speech, in order, in phrases.
         assert " ".join(phrases[turn.turn_id]).split() == text.split()
-        assert done[turn.turn_id] == "stop"
+        assert done[turn.turn_id] == turn.finish_reason
 
 
 async def test_an_intent_request_gets_a_constrained_intent_and_a_short_bark(
