@@ -14,7 +14,7 @@ The endpoint waits for `trailing_silence_ms` (300 ms) of silence: that wait is i
 
 Writes bench/results/voice.json.
 
-    .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1]
+    .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1] [--model NAME] [--no-decide]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import re
 import sys
 import time
@@ -133,7 +134,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--speakers", default="1,4")
     parser.add_argument("--threads", type=int, default=1, help="cores for the server's model")
+    parser.add_argument(
+        "--model", default=None, help="the server's dialogue model (default: engine.dialogue_model)"
+    )
+    parser.add_argument(
+        "--no-decide", action="store_true", help="no per-line intent/tool decision (dialogue only)"
+    )
     args = parser.parse_args()
+    if args.model:
+        os.environ["MYTHIC_ENGINE__DIALOGUE_MODEL"] = args.model
+    if args.no_decide:
+        os.environ["MYTHIC_DIALOGUE__DECIDE"] = "false"
     counts = [int(n) for n in args.speakers.split(",")]
     audio = asyncio.run(synthesise())
     rounds: list[dict[str, Any]] = []
@@ -177,6 +188,8 @@ def main() -> None:
         ROOT,
         benchmark="voice",
         server_threads=args.threads,
+        dialogue_model=args.model or "default (engine.dialogue_model)",
+        decide=not args.no_decide,
         results=rounds,
     )
 
