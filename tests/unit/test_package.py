@@ -28,6 +28,8 @@ PUBLIC = [
     "mythic.client",
     "mythic.control",
     "mythic.speech",
+    "mythic.training",
+    "mythic.archetypes",
 ]
 
 # ARCHITECTURE.md: imports point down only. Each package may import the ones listed.
@@ -39,9 +41,14 @@ ALLOWED: dict[str, set[str]] = {
     "knowledge": BASE,
     "memory": BASE,
     "speech": BASE,
+    # Training is fed by the engine's models and chat formats and the knowledge's worlds and
+    # prompts: it sits just above them, below the archetype chains it trains for.
+    "training": BASE | {"engine", "knowledge"},
     "route": BASE | {"engine", "knowledge", "memory"},
-    "dialogue": BASE | {"engine", "knowledge", "memory", "route"},
-    "server": BASE | {"engine", "knowledge", "memory", "speech", "route", "dialogue"},
+    "archetypes": BASE | {"engine", "knowledge", "memory", "training"},
+    "dialogue": BASE | {"engine", "knowledge", "memory", "route", "archetypes"},
+    "server": BASE
+    | {"engine", "knowledge", "memory", "speech", "training", "route", "archetypes", "dialogue"},
     # A game vendors the client without the server: it may import only the wire contracts.
     "client": {"_errors", "_extras", "contracts"},
     "control": {"_errors", "contracts"},
@@ -51,7 +58,9 @@ ALLOWED: dict[str, set[str]] = {
         "knowledge",
         "memory",
         "speech",
+        "training",
         "route",
+        "archetypes",
         "dialogue",
         "server",
         "client",
@@ -75,7 +84,8 @@ HEAVY = [
 def test_import_loads_no_model_and_no_heavy_library() -> None:
     code = (
         "import sys, mythic, mythic.config, mythic.engine, mythic.knowledge, "
-        "mythic.memory, mythic.route, mythic.dialogue, mythic.speech, mythic.cli\n"
+        "mythic.memory, mythic.route, mythic.dialogue, mythic.speech, mythic.training, "
+        "mythic.archetypes, mythic.cli\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])"
     )
     result = subprocess.run(

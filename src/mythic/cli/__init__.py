@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -22,6 +23,8 @@ from rich.progress import (
 )
 
 from mythic._errors import MythicError
+from mythic.cli._archetypes import archetypes_app
+from mythic.cli._plan import plan_command
 from mythic.config import MythicSettings, load_settings
 
 if TYPE_CHECKING:
@@ -48,12 +51,18 @@ db_app = typer.Typer(help="The memory archive's database: migrations.")
 memory_app = typer.Typer(help="What NPCs remember of players: show, forget, compact.")
 app.add_typer(db_app, name="db")
 app.add_typer(memory_app, name="memory")
-eval_app = typer.Typer(help="Evaluate NPCs with probes through a real server: lore, style.")
+eval_app = typer.Typer(
+    help="Evaluate NPCs: lore and style probes through a real server; archetype adapters."
+)
 app.add_typer(eval_app, name="eval")
 jobs_app = typer.Typer(help="Bronze jobs (lore, quest, summary): submit, list, show, work.")
 app.add_typer(jobs_app, name="jobs")
 voice_app = typer.Typer(help="NPC voices: list the profiles, preview one as a WAV file.")
 app.add_typer(voice_app, name="voice")
+train_app = typer.Typer(help="Archetype adapters: curate, train (LoRA on CPU), export to GGUF.")
+app.add_typer(train_app, name="train")
+app.add_typer(archetypes_app, name="archetypes")
+app.command("plan")(plan_command)
 
 # markup=False: NPC names, player lines and paths may contain [brackets] that are not markup.
 out = Console(highlight=False, soft_wrap=True, markup=False)
@@ -74,11 +83,17 @@ def _settings(config: Path | None) -> MythicSettings:
 
 
 def _guard(fn: Callable[[], T]) -> T:
-    """Run `fn`; a Mythic error becomes a clear message and exit status 2, not a traceback."""
+    """Run `fn`; a Mythic or validation error becomes a clear message and exit status 2, not
+    a traceback."""
     try:
         return fn()
     except MythicError as exc:
         err.print(f"error: {exc}", style="bold red")
+        raise typer.Exit(2) from None
+    except ValidationError as exc:
+        for e in exc.errors():
+            where = ".".join(str(p) for p in e["loc"]) or "value"
+            err.print(f"error: {where}: {e['msg']}", style="bold red")
         raise typer.Exit(2) from None
 
 
@@ -528,6 +543,144 @@ JobsServerOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+TaskOption = Annotated[
+    str, typer.Option("--task", "-t", help="Adapter task: dialogue_style or action_policy.")
+]
+BaseModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Base model: a packaged name or a GGUF path (default: the model the task serves on).",
+    ),
+]
+
+
+@train_app.command("adapter")
+def train_adapter(
+    archetype: Annotated[str, typer.Argument(help="Archetype, e.g. vampire or zombie.")],
+    world: Annotated[Path, typer.Option("--world", "-w", help="World folder.")] = Path(
+        "examples/worlds/ravenmoor"
+    ),
+    task: TaskOption = "dialogue_style",
+    model: BaseModelOption = None,
+    steps: Annotated[
+        int, typer.Option("--steps", min=1, max=100_000, help="Optimiser steps.")
+    ] = 120,
+    rank: Annotated[int, typer.Option("--rank", min=1, max=64, help="LoRA rank.")] = 16,
+    batch_size: Annotated[
+        int, typer.Option("--batch", min=1, max=512, help="Examples per step.")
+    ] = 8,
+    learning_rate: Annotated[
+        float, typer.Option("--lr", min=1e-7, max=1.0, help="Peak learning rate.")
+    ] = 1e-3,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", min=16, max=8192, help="Longest example in tokens.")
+    ] = 768,
+    extra: Annotated[
+        Path | None,
+        typer.Option("--extra", help="More dialogue examples: JSON lines {npc, question, reply}."),
+    ] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", help="Adapters folder (default: beside the model cache)."),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Data and training seed.")] = 0,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="CPU threads (default: all).")
+    ] = None,
+    registry: Annotated[
+        str | None,
+        typer.Option(
+            "--registry",
+            "-r",
+            help="Register the adapter here: a YAML file or redis:// URL "
+            "(default: <world>/archetypes.yaml).",
+        ),
+    ] = None,
+    register: Annotated[
+        bool, typer.Option("--register/--no-register", help="Record it in the registry.")
+    ] = True,
+    config: ConfigOption = None,
+) -> None:
+    """Curate data from the world, train a LoRA adapter on CPU (loss bar), score it on
+    held-out examples against the base, and write it as PEFT and GGUF with a manifest."""
+    from mythic.cli._train import run_train
+    from mythic.training import TrainSettings
+
+    settings = _settings(config)
+    train_settings = TrainSettings(
+        rank=rank,
+        alpha=2.0 * rank,
+        steps=steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        max_tokens=max_tokens,
+        seed=seed,
+        threads=threads,
+    )
+    where = (registry or str(world / "archetypes.yaml")) if register else None
+    _guard(
+        lambda: run_train(
+            settings, world, archetype, task, model, train_settings, extra, out_dir, where
+        )
+    )
+
+
+@eval_app.command("archetype")
+def eval_archetype(
+    archetype: Annotated[str, typer.Argument(help="Archetype to evaluate.")],
+    world: WorldOption = Path("examples/worlds/ravenmoor"),
+    model: BaseModelOption = None,
+    adapter: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--adapter",
+            "-a",
+            help="TASK=PATH of a GGUF LoRA, repeatable (dialogue_style=a.gguf, action_policy=...).",
+        ),
+    ] = None,
+    registry: Annotated[
+        str | None,
+        typer.Option(
+            "--registry",
+            "-r",
+            help="Without --adapter, take the archetype's adapters from this registry "
+            "(default: <world>/archetypes.yaml).",
+        ),
+    ] = None,
+    out_file: OutOption = None,
+    verbose: VerboseOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """Score an archetype's adapters against the base model in the same run: style,
+    consistency over a long conversation, action coherence. Exit status 1 when an adapter
+    fails the quality gate."""
+    from mythic.cli._train import run_eval
+
+    settings = _settings(config)
+    adapters: dict[str, Path] = {}
+    for item in adapter or []:
+        task, sep, path = item.partition("=")
+        if not sep or task not in ("dialogue_style", "action_policy") or not path:
+            err.print(
+                f"error: --adapter {item!r}: expected dialogue_style=PATH or action_policy=PATH",
+                style="bold red",
+            )
+            raise typer.Exit(2)
+        adapters[task] = Path(path)
+    if not adapters:
+        from mythic.cli._train import registered_adapters
+
+        where = registry or str(world / "archetypes.yaml")
+        adapters = _guard(lambda: registered_adapters(where, archetype))
+    passed = _guard(
+        lambda: run_eval(settings, world, archetype, model, adapters, out_file, verbose)
+    )
+    if adapters and not passed:
+        raise typer.Exit(1)
 
 
 def _with_jobs(config: Path | None, work: Callable[[Any], Any]) -> Any:

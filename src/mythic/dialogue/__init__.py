@@ -14,7 +14,7 @@ from mythic.dialogue._cast import (
     UnknownCallError,
     UnknownNPCError,
 )
-from mythic.dialogue._conversation import Conversation, PlayerInputError, persona_prompt
+from mythic.dialogue._conversation import Conversation, PlayerInputError
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError, MailboxFullError
 from mythic.dialogue._phrases import PhraseBuffer
 from mythic.dialogue._states import (
@@ -33,6 +33,7 @@ from mythic.dialogue._tools import (
     npc_tools,
     validate_call,
 )
+from mythic.knowledge import persona_prompt
 
 __all__ = [
     "INTENTS",

@@ -32,7 +32,7 @@ from mythic.contracts import (
     NPCState,
     SceneObject,
 )
-from mythic.dialogue._conversation import chat_sampling, persona_prompt
+from mythic.dialogue._conversation import chat_sampling
 from mythic.dialogue._events import (
     AskIntent,
     Event,
@@ -63,7 +63,7 @@ from mythic.engine import (
     RequestError,
     Sampling,
 )
-from mythic.knowledge import Query, SceneState
+from mythic.knowledge import Query, SceneState, intent_prompt, intent_schema, persona_prompt
 from mythic.knowledge import SceneObject as KnownObject
 from mythic.memory import Fact, Memory
 from mythic.route import canned_line
@@ -534,7 +534,7 @@ class NPCActor:
 
     # -- decisions: intent and tool -----------------------------------------------------------
 
-    def _decision_prompt(self, tools: list[str]) -> str:
+    def _intent_prompt(self, tools: list[str]) -> str:
         places = self._places()
         lines = [
             f"You decide what {self.short_name}, a {self.persona.archetype} in the video game "
@@ -577,7 +577,7 @@ class NPCActor:
             npc_id=self.npc_id,
             session_id=f"{line.session_id}/decide",
             messages=[
-                ChatMessage("system", self._decision_prompt(tools)),
+                ChatMessage("system", self._intent_prompt(tools)),
                 ChatMessage("user", line.text),
             ],
             priority=Priority.GOLD,
@@ -715,39 +715,19 @@ class NPCActor:
             ask, self._next_intent = self._next_intent, None
 
     async def _intent(self, ask: IntentRequest) -> IntentUpdate:
-        targets = self._targets()
-        props: dict[str, Any] = {
-            "intent": {"enum": list(INTENTS)},
-            "target": {"anyOf": [{"type": "null"}, {"enum": targets}]},
-            "urgency": {"type": "integer", "minimum": 0, "maximum": 9},
-        }
-        if ask.with_bark:
-            props["bark"] = {"type": "string", "minLength": 1, "maxLength": 48}
-        schema = {
-            "type": "object",
-            "properties": props,
-            "required": list(props),
-            "additionalProperties": False,
-        }
-        scene = self.scene.describe() or "Scene: unknown."
-        prompt = [
-            f"You decide what {self.short_name} ({self.persona.archetype}) wants to do next in "
-            f"a video game. How {self.short_name} speaks: {self.persona.style}.",
-            scene,
-        ]
-        if ask.context:
-            prompt.append(f"What just happened: {ask.context}")
+        schema = intent_schema(self._targets(), with_bark=ask.with_bark)
         history = next(iter(self.histories.values()), [])
-        if history:
-            prompt.append(f'The player last said: "{history[-2].content}"')
-        prompt.append(
-            "Answer with JSON: intent, target (who it is aimed at, or null), urgency 0-9"
-            + (", and a bark: a remark of a few words." if ask.with_bark else ".")
+        prompt = intent_prompt(
+            self.persona,
+            self.scene.describe(),
+            context=ask.context,
+            last_line=history[-2].content if history else None,
+            with_bark=ask.with_bark,
         )
         request = GenerationRequest(
             npc_id=self.npc_id,
             session_id="intent",
-            messages=[ChatMessage("system", "\n".join(prompt)), ChatMessage("user", "Decide.")],
+            messages=[ChatMessage("system", prompt), ChatMessage("user", "Decide.")],
             priority=Priority.GOLD,
             json_schema=schema,
             sampling=Sampling(

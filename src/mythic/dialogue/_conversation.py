@@ -20,49 +20,13 @@ from mythic.engine import (
     Sampling,
     SyncRequestStream,
 )
-from mythic.knowledge import Persona, World, persona_lines
+from mythic.knowledge import World, persona_prompt
 
 MAX_PLAYER_LINE = 2000
 
 
 class PlayerInputError(MythicError):
     """The player's line cannot be used (empty, too long); the conversation goes on."""
-
-
-def persona_prompt(
-    world: World, persona: Persona, section: str | None = None, *, full: bool = True
-) -> str:
-    """The system prompt that makes the model speak as `persona`: the character template,
-    then the `## Persona` section.
-
-    `section`: the persona packed within its token budget by `Knowledge` (what does not fit
-    is retrieved as lore when relevant); None with `full`: the whole card, and the world's and
-    the zone's descriptions (no retrieval). Stable parts come first so that later turns and
-    other NPCs of the same world share a prefix.
-    """
-    short_name = persona.name.split(",")[0]
-    lines = [
-        f"You are playing a character in a video game set in {world.name}.",
-        f"You are {persona.name}, a {persona.archetype}. How you speak: {persona.style}.",
-    ]
-    if full:
-        lines.append(f"The world: {world.card.description}")
-        if persona.zone is not None:
-            zone = world.card.zones[persona.zone]
-            lines.append(f"You are at {zone.name}: {zone.description}")
-    # Measured on the 0.5B default model: naming the speaker and forbidding echoes cut replies
-    # that parrot the player's line; "never say you are an AI" keeps it in the fiction.
-    lines.append(
-        f"Reply to the player as {short_name}, in the first person, in one to three short "
-        "sentences of spoken dialogue. Never repeat the player's words. Never say you are an AI."
-    )
-    lines.append(
-        "Facts about you, the world and the player follow in sections; when the player asks "
-        "about them, answer with those facts exactly."
-    )
-    if section is None and full:
-        section = "\n".join(["## Persona", *(f"- {ln}" for ln in persona_lines(world, persona))])
-    return "\n".join(lines) + (f"\n\n{section}" if section else "")
 
 
 def chat_sampling(settings: ChatSettings) -> Sampling:

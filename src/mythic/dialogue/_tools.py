@@ -16,9 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mythic._errors import MythicError
-
-INTENTS = ("chitchat", "trade", "quest", "hint", "combat", "navigation", "admin")
-"""What a player's line is about (technical design, section 5.2)."""
+from mythic.knowledge import INTENTS as INTENTS  # the dialogue's intents are the wire's
 
 EMOTES = ("wave", "bow", "nod", "shake_head", "laugh", "shrug", "point", "cheer", "glare")
 """The emotes `play_emote` knows; a game maps them to animations."""

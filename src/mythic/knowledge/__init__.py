@@ -19,19 +19,24 @@ from mythic.knowledge._index import Hit, Index, Query, terms
 from mythic.knowledge._knowledge import Knowledge, KnowledgeStats, ReloadReport, world_chunks
 from mythic.knowledge._pack import (
     HEADERS,
+    INTENTS,
     Budgets,
     Packed,
     SceneObject,
     SceneState,
+    intent_prompt,
+    intent_schema,
     pack,
     pack_persona,
     persona_lines,
+    persona_prompt,
 )
 from mythic.knowledge._tokens import TokenCounter, approx_tokens, fit_tokens
 from mythic.knowledge._world import LoreDoc, Persona, World, WorldCard, Zone, load_world
 
 __all__ = [
     "HEADERS",
+    "INTENTS",
     "Budgets",
     "Chunk",
     "Embedder",
@@ -57,10 +62,13 @@ __all__ = [
     "approx_tokens",
     "chunk_text",
     "fit_tokens",
+    "intent_prompt",
+    "intent_schema",
     "load_world",
     "pack",
     "pack_persona",
     "persona_lines",
+    "persona_prompt",
     "shared_embedder",
     "terms",
     "world_chunks",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from mythic.knowledge._index import Hit, terms
 from mythic.knowledge._tokens import TokenCounter, fit_tokens
@@ -273,3 +274,89 @@ def pack(
         out.tokens[name] = tokens
         out.dropped[name] = dropped
     return out
+
+
+def persona_prompt(
+    world: World, persona: Persona, section: str | None = None, *, full: bool = True
+) -> str:
+    """The system prompt that makes the model speak as `persona`: the character template,
+    then the `## Persona` section.
+
+    `section`: the persona packed within its token budget by `Knowledge` (what does not fit
+    is retrieved as lore when relevant); None with `full`: the whole card, and the world's and
+    the zone's descriptions (no retrieval). Stable parts come first so that later turns and
+    other NPCs of the same world share a prefix.
+    """
+    short_name = persona.name.split(",")[0]
+    lines = [
+        f"You are playing a character in a video game set in {world.name}.",
+        f"You are {persona.name}, a {persona.archetype}. How you speak: {persona.style}.",
+    ]
+    if full:
+        lines.append(f"The world: {world.card.description}")
+        if persona.zone is not None:
+            zone = world.card.zones[persona.zone]
+            lines.append(f"You are at {zone.name}: {zone.description}")
+    # Measured on the 0.5B default model: naming the speaker and forbidding echoes cut replies
+    # that parrot the player's line; "never say you are an AI" keeps it in the fiction.
+    lines.append(
+        f"Reply to the player as {short_name}, in the first person, in one to three short "
+        "sentences of spoken dialogue. Never repeat the player's words. Never say you are an AI."
+    )
+    lines.append(
+        "Facts about you, the world and the player follow in sections; when the player asks "
+        "about them, answer with those facts exactly."
+    )
+    if section is None and full:
+        section = "\n".join(["## Persona", *(f"- {ln}" for ln in persona_lines(world, persona))])
+    return "\n".join(lines) + (f"\n\n{section}" if section else "")
+
+
+INTENTS = ("chitchat", "trade", "quest", "hint", "combat", "navigation", "admin")
+"""What an NPC's intent decision may choose (the `IntentUpdate.intent` values)."""
+
+
+def intent_schema(targets: Sequence[str], *, with_bark: bool = False) -> dict[str, Any]:
+    """The JSON schema an intent decision is constrained to: an intent, a target among
+    `targets` (or null), an urgency 0-9, and a short bark when asked."""
+    props: dict[str, Any] = {
+        "intent": {"enum": list(INTENTS)},
+        "target": {"anyOf": [{"type": "null"}, {"enum": list(targets)}]},
+        "urgency": {"type": "integer", "minimum": 0, "maximum": 9},
+    }
+    if with_bark:
+        props["bark"] = {"type": "string", "minLength": 1, "maxLength": 48}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(props),
+        "additionalProperties": False,
+    }
+
+
+def intent_prompt(
+    persona: Persona,
+    scene: str | None,
+    *,
+    context: str | None = None,
+    last_line: str | None = None,
+    with_bark: bool = False,
+) -> str:
+    """The system prompt of an NPC's intent decision (answered as JSON: intent, target,
+    urgency, and a bark when asked). Shared by the dialogue engine and adapter training, so
+    an action-policy adapter is trained on exactly the prompt it serves."""
+    short_name = persona.name.split(",")[0]
+    lines = [
+        f"You decide what {short_name} ({persona.archetype}) wants to do next in "
+        f"a video game. How {short_name} speaks: {persona.style}.",
+        scene or "Scene: unknown.",
+    ]
+    if context:
+        lines.append(f"What just happened: {context}")
+    if last_line:
+        lines.append(f'The player last said: "{last_line}"')
+    lines.append(
+        "Answer with JSON: intent, target (who it is aimed at, or null), urgency 0-9"
+        + (", and a bark: a remark of a few words." if with_bark else ".")
+    )
+    return "\n".join(lines)
