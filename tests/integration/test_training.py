@@ -52,7 +52,7 @@ def resolved(settings: MythicSettings) -> ResolvedModel:
 
 @pytest.fixture(scope="module")
 def base(resolved: ResolvedModel) -> tuple[Any, Any]:
-    return load_base(resolved, threads=2)
+    return load_base(resolved, threads=1)
 
 
 @pytest.fixture(scope="module")

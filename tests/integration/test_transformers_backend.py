@@ -233,6 +233,40 @@ async def test_chat_sessions_and_shared_prefixes_change_nothing(engine: Engine) 
     assert engine.metrics().cached_prompt_tokens > 0
 
 
+async def test_adapters_are_loaded_and_unloaded_while_the_engine_runs(
+    engine: Engine, tiny_config: Any, tokenizer: Any, lora_dirs: dict[str, Path]
+) -> None:
+    expected = {}
+    for name, adapters in SETS.items():
+        expected[name] = (await engine.submit(_request(f"{name}-x", adapters)).collect()).text
+    backend = _backend(tiny_config, tokenizer, {})  # the same weights, no adapter yet
+    runtime = Engine(backend, EngineConfig.for_backend(backend, EngineSettings(seed=1)))
+
+    async def text(name: str) -> str:
+        return (await runtime.submit(_request(f"{name}-rt", SETS[name])).collect()).text
+
+    try:
+        async with asyncio.timeout(120):
+            for name, path in lora_dirs.items():
+                await runtime.aload_adapter(name, path)
+            assert {name: await text(name) for name in SETS} == expected
+            # Unloading one (PEFT's active one) drops the stacked set built from it; the
+            # others are unchanged.
+            await runtime.aunload_adapter("vampire")
+            assert runtime.adapters == {"zombie"}
+            assert backend._combined == {}
+            with pytest.raises(UnknownAdapterError):
+                runtime.submit(_request("v", SETS["vampire"]))
+            assert await text("zombie") == expected["zombie"]
+            assert await text("base") == expected["base"]
+            await runtime.aunload_adapter("zombie")  # the last one
+            assert await text("base") == expected["base"]
+            await runtime.aload_adapter("vampire", lora_dirs["vampire"])
+            assert await text("vampire") == expected["vampire"]
+    finally:
+        await runtime.aclose()
+
+
 async def test_bad_requests_get_typed_errors_and_the_engine_goes_on(
     engine: Engine, tmp_path: Path
 ) -> None:

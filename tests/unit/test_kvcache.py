@@ -137,3 +137,20 @@ def test_two_turns_of_one_session_at_once_leave_one_owner() -> None:
     c.release(one.seq)
     assert c.num_idle == 1
     assert c.acquire(("a", "s"), (), PROMPT).cached == len(PROMPT) - 1
+
+
+def test_unloading_an_adapter_forgets_what_was_computed_under_it() -> None:
+    c, _ = cache(n_seq=6)
+    vamp = (("vampire", 1.0),)
+    a = c.acquire(("a", "s"), vamp, PROMPT)
+    evaluated(c, a, PROMPT)
+    assert c.share_prefix(a.seq, SYSTEM)
+    c.release(a.seq)
+    b = c.acquire(("b", "s"), (), PROMPT)
+    evaluated(c, b, PROMPT)
+    c.release(b.seq)
+    assert c.forget_adapter("vampire") == 2  # the session and its prefix
+    assert c.forget_adapter("vampire") == 0
+    # Loaded again under the same name: nothing is reused from before.
+    assert c.acquire(("a", "s"), vamp, PROMPT).cached == 0
+    assert c.acquire(("b", "s"), (), PROMPT).cached == len(PROMPT) - 1

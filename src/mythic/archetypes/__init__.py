@@ -5,6 +5,8 @@ The registry (`open_registry`) is the world's `archetypes.yaml` when embedded an
 several servers share it. `memory_budget`, `pack_chains` and `scale` are the planner behind
 `mythic plan`: memory math from a model's shape, first-fit-decreasing placement of whole
 chains onto servers, and servers needed for N NPCs at activation-tier update rates.
+`ChainRouter` serves the chains: the adapters each NPC request applies, loaded on demand into
+the engines, with the base model as the fallback.
 """
 
 from mythic.archetypes._plan import (
@@ -74,6 +76,13 @@ from mythic.archetypes._registry import (
     inspect_adapter,
     open_registry,
 )
+from mythic.archetypes._serve import (
+    ChainRouter,
+    ChainStats,
+    FallbackReason,
+    NPCDelta,
+    adapter_name,
+)
 
 __all__ = [
     "ACTIVATION_TIERS",
@@ -95,13 +104,17 @@ __all__ = [
     "ArchetypeChain",
     "ArchetypeRegistry",
     "ChainFootprint",
+    "ChainRouter",
+    "ChainStats",
     "ChainTooLargeError",
     "DesignCorrection",
     "DesignReview",
     "Device",
+    "FallbackReason",
     "InvalidAdapterError",
     "MemoryBudget",
     "ModelShape",
+    "NPCDelta",
     "Placement",
     "PlanError",
     "Quant",
@@ -120,6 +133,7 @@ __all__ = [
     "UnknownArchetypeError",
     "UnknownPresetError",
     "YamlRegistry",
+    "adapter_name",
     "compute_buffer_bytes",
     "corrected_throughput",
     "design_examples",

@@ -589,7 +589,7 @@ def train_adapter(
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Data and training seed.")] = 0,
     threads: Annotated[
-        int | None, typer.Option("--threads", min=1, help="CPU threads (default: all).")
+        int | None, typer.Option("--threads", min=1, help="CPU threads (default: all but one).")
     ] = None,
     registry: Annotated[
         str | None,
@@ -680,6 +680,59 @@ def eval_archetype(
         lambda: run_eval(settings, world, archetype, model, adapters, out_file, verbose)
     )
     if adapters and not passed:
+        raise typer.Exit(1)
+
+
+@archetypes_app.command("provision")
+def archetypes_provision(
+    archetype: Annotated[str, typer.Argument(help="Archetype to give adapters, e.g. ghoul.")],
+    world: Annotated[Path, typer.Option("--world", "-w", help="World folder.")] = Path(
+        "examples/worlds/ravenmoor"
+    ),
+    tasks: Annotated[
+        str, typer.Option("--tasks", help="Comma-separated tasks to train.")
+    ] = "dialogue_style,action_policy",
+    model: BaseModelOption = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, max=100_000, help="Steps per task.")] = 40,
+    rank: Annotated[int, typer.Option("--rank", min=1, max=64, help="LoRA rank.")] = 16,
+    batch_size: Annotated[
+        int, typer.Option("--batch", min=1, max=512, help="Examples per step.")
+    ] = 4,
+    learning_rate: Annotated[
+        float, typer.Option("--lr", min=1e-7, max=1.0, help="Peak learning rate.")
+    ] = 2e-3,
+    retrain: Annotated[
+        bool, typer.Option("--retrain", help="Train tasks that already have an adapter too.")
+    ] = False,
+    registry: Annotated[
+        str | None,
+        typer.Option(
+            "--registry", "-r", help="YAML file or redis:// URL (default: <world>/archetypes.yaml)."
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", help="Adapters folder (default: beside the model cache)."),
+    ] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Give an archetype its adapters: curate, train, evaluate against the base in the same
+    run, and register those that pass the quality gate. Exit status 1 when one fails it."""
+    from mythic.cli._train import run_provision
+    from mythic.training import TrainSettings
+
+    settings = _settings(config)
+    chosen = [t.strip() for t in tasks.split(",") if t.strip()]
+    train_settings = TrainSettings(
+        rank=rank, alpha=2.0 * rank, steps=steps, batch_size=batch_size, learning_rate=learning_rate
+    )
+    where = registry or str(world / "archetypes.yaml")
+    passed = _guard(
+        lambda: run_provision(
+            settings, world, archetype, chosen, model, train_settings, where, out_dir, retrain
+        )
+    )
+    if not passed:
         raise typer.Exit(1)
 
 

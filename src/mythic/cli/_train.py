@@ -9,17 +9,24 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from mythic.config import MythicSettings
 
 if TYPE_CHECKING:
     from mythic.archetypes import AdapterInfo
-    from mythic.training import BuiltAdapter, TrainSettings
+    from mythic.training import ArchetypeEval, BuiltAdapter, TrainSettings
 
 out = Console(highlight=False, soft_wrap=True, markup=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
@@ -46,6 +53,15 @@ def loss_progress() -> Progress:
         TimeRemainingColumn(),
         console=err,
     )
+
+
+def show_step(
+    progress: Progress, bar: TaskID, name: str, done: int, total: int, loss: float
+) -> None:
+    """Advance the loss bar; without a terminal (a log, CI), print a line every tenth."""
+    progress.update(bar, completed=done, loss=loss)
+    if not err.is_terminal and (done % max(1, total // 10) == 0 or done == total):
+        err.print(f"{name}: step {done}/{total} loss {loss:.3f}")
 
 
 def run_train(
@@ -78,7 +94,7 @@ def run_train(
         bar = progress.add_task("training", total=train_settings.steps, loss=float("nan"))
 
         def step(done: int, total: int, loss: float) -> None:
-            progress.update(bar, completed=done, loss=loss)
+            show_step(progress, bar, f"{archetype}/{task}", done, total, loss)
 
         built = build_adapter(
             resolved,
@@ -100,34 +116,18 @@ def run_train(
     table.add_row("PEFT", str(built.peft_dir))
     out.print(table)
     if registry is not None:
-        info = asyncio.run(register(registry, built, train_settings.targets))
+        info = asyncio.run(register(registry, built))
         out.print(f"registered {archetype} {task} v{info.version} in {registry}")
     return built
 
 
-async def register(where: str, built: BuiltAdapter, targets: tuple[str, ...]) -> AdapterInfo:
+async def register(where: str, built: BuiltAdapter) -> AdapterInfo:
     """Record `built` (its GGUF file) as its archetype's adapter for its task."""
-    from mythic.archetypes import AdapterInfo, TrainingData, open_registry
+    from mythic.archetypes import open_registry
+    from mythic.archetypes._provision import adapter_info
 
-    sources = ", ".join(f"{n} {src}" for src, n in sorted(built.data["sources"].items()))
-    info = AdapterInfo(
-        task=built.task,  # type: ignore[arg-type]
-        path=str(built.gguf.resolve()),
-        format="gguf",
-        base_model=built.base,
-        rank=built.rank,
-        alpha=built.alpha,
-        target_modules=targets,
-        size_bytes=built.size_bytes,
-        trained_on=TrainingData(
-            description=f"curated by mythic train adapter: {sources} examples",
-            examples=built.data["train"],
-            sha256=built.data["sha256"],
-        ),
-        metrics={k: round(v, 4) for k, v in built.metrics.items()},
-    )
     async with open_registry(where) as reg:
-        return await reg.register_adapter(built.archetype, info)
+        return await reg.register_adapter(built.archetype, adapter_info(built))
 
 
 def registered_adapters(where: str, archetype: str) -> dict[str, Path]:
@@ -179,7 +179,7 @@ def run_eval(
     table; returns whether every adapter passed the gate."""
     from mythic.engine import Engine
     from mythic.knowledge import load_world
-    from mythic.training import evaluate_archetype
+    from mythic.training import Gate, evaluate_archetype
 
     loaded_world = load_world(world)
     name = model or _trained_on(adapters) or settings.engine.intent_model
@@ -190,11 +190,33 @@ def run_eval(
     engine = Engine.load(engine_settings, name)
     try:
         report = evaluate_archetype(
-            engine, loaded_world, archetype, {t: f"{archetype}-{t}" for t in adapters}
+            engine,
+            loaded_world,
+            archetype,
+            {t: f"{archetype}-{t}" for t in adapters},
+            gate=Gate(**settings.archetypes.gate.model_dump()),
+            # With adapters, only their tasks' probes; without, the base on every probe.
+            tasks=list(adapters) or ["dialogue_style", "action_policy"],
         )
     finally:
         engine.close()
-    table = Table(title=f"{archetype} on {name}: adapter against base, same run")
+    print_evaluation(report, name)
+    for name_, ok in report.passed.items():
+        out.print(f"{name_}: {'PASS' if ok else 'FAIL'} ({report.reasons[name_]})")
+    if verbose:
+        for r in report.results:
+            for s in r.samples:
+                out.print(f"[{r.probe}] {s.get('adapter') or 'base'}: {json.dumps(s)}")
+    if out_file is not None:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        err.print(f"wrote {out_file}")
+    return all(report.passed.values())
+
+
+def print_evaluation(report: ArchetypeEval, name: str) -> None:
+    """The table of an archetype's probes, adapter against base."""
+    table = Table(title=f"{report.archetype} on {name}: adapter against base, same run")
     for col in ("probe", "task", "n", "base", "adapter", "gain", "never-intents"):
         table.add_column(col)
     for r in report.results:
@@ -208,14 +230,72 @@ def run_eval(
             f"{r.violations[0]} / {r.violations[1]}" if r.probe == "actions" else "",
         )
     out.print(table)
-    for name_, ok in report.passed.items():
-        out.print(f"{name_}: {'PASS' if ok else 'FAIL'} ({report.reasons[name_]})")
-    if verbose:
-        for r in report.results:
-            for s in r.samples:
-                out.print(f"[{r.probe}] {s.get('adapter') or 'base'}: {json.dumps(s)}")
-    if out_file is not None:
-        out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-        err.print(f"wrote {out_file}")
-    return all(report.passed.values())
+
+
+def run_provision(
+    settings: MythicSettings,
+    world: Path,
+    archetype: str,
+    tasks: list[str],
+    model: str | None,
+    train_settings: TrainSettings,
+    registry: str,
+    out_dir: Path | None,
+    retrain: bool,
+) -> bool:
+    """`mythic archetypes provision`: prints each step and the gate's verdicts; True when
+    every trained adapter passed."""
+    from mythic.archetypes import open_registry
+    from mythic.archetypes._provision import provision
+    from mythic.engine import ModelStore
+    from mythic.knowledge import load_world
+    from mythic.training import TASKS, CurationError, Gate
+
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise CurationError(
+            f"unknown task(s) {', '.join(unknown) or '(none given)'}",
+            fix=f"use --tasks with some of: {', '.join(TASKS)}",
+        )
+    loaded_world = load_world(world)
+    names = {default_model(settings, t) for t in tasks}
+    name = model or (names.pop() if len(names) == 1 else settings.engine.intent_model)
+    resolved = ModelStore(settings.engine.models_dir).resolve(name)
+    gate = (
+        Gate(**settings.archetypes.gate.model_dump()) if hasattr(settings, "archetypes") else Gate()
+    )
+    err.print(f"provisioning {archetype} ({', '.join(tasks)}) on {resolved.name} ...")
+    with loss_progress() as progress:
+        bars = {
+            t: progress.add_task(t, total=train_settings.steps, loss=float("nan")) for t in tasks
+        }
+
+        def step(task: str, done: int, total: int, loss: float) -> None:
+            show_step(progress, bars[task], f"{archetype}/{task}", done, total, loss)
+
+        async def work() -> Any:
+            async with open_registry(registry) as reg:
+                return await provision(
+                    reg,
+                    loaded_world,
+                    archetype,
+                    resolved,
+                    engine_settings=settings.engine,
+                    out_root=out_dir or adapters_root(settings),
+                    tasks=tasks,
+                    train=train_settings,
+                    gate=gate,
+                    only_missing=not retrain,
+                    progress=step,
+                )
+
+        outcome = asyncio.run(work())
+    if not outcome.tasks:
+        out.print(f"{archetype} already has adapters for {', '.join(tasks)} on {resolved.name}")
+        return True
+    if outcome.evaluation is not None:
+        print_evaluation(outcome.evaluation, resolved.name)
+    for t in outcome.tasks:
+        verdict = f"registered v{t.registered.version}" if t.registered else "not registered"
+        out.print(f"{archetype} {t.task}: {'PASS' if t.passed else 'FAIL'} ({t.reason}); {verdict}")
+    return all(t.passed for t in outcome.tasks)

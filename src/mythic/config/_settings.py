@@ -107,6 +107,11 @@ class EngineSettings(_Section):
     """LoRA adapters to load at start, by the name requests use: {vampire: path}. GGUF LoRA
     files for llama.cpp; PEFT adapter directories for the transformers backend."""
 
+    adapter_budget_mb: int = Field(default=512, ge=1, le=1048576)
+    """Memory for the archetype adapters each engine loads on demand (their size on disk);
+    past it, the least recently used adapter that no request is using is unloaded. Those
+    under `adapters` are loaded at start and not counted."""
+
     backend: Literal["llama.cpp", "transformers"] = "llama.cpp"
     """The model runtime. `llama.cpp`: quantised GGUF, fast on CPU, constrained decoding.
     `transformers`: PyTorch + PEFT (the `train` extra), the GGUF's weights dequantised; mixes
@@ -439,6 +444,43 @@ class JobSettings(_Section):
     """Generated tokens per job."""
 
 
+class QualityGate(_Section):
+    """The quality gate of a new adapter, scored against the base model in the same run."""
+
+    min_gain: float = Field(default=0.0, ge=-1.0, le=1.0)
+    """The adapter must beat the base by more than this on each of its task's probes (0-1)."""
+    min_score: float = Field(default=0.5, ge=0.0, le=1.0)
+    """...and score at least this on each."""
+    max_violations: int = Field(default=0, ge=0)
+    """Intents an archetype never chooses (a zombie trading) that the action adapter may
+    still choose in the probes."""
+
+
+class ArchetypeSettings(_Section):
+    """Archetype chains: which LoRA adapters serve each archetype's NPCs."""
+
+    registry: str | None = None
+    """The chain registry: a YAML file (or a folder holding `archetypes.yaml`) or a `redis://`
+    URL. Unset: the world's `archetypes.yaml` when it has one; with no registry every NPC is
+    served by the base model."""
+
+    refresh_s: float = Field(default=30.0, ge=0, le=86400)
+    """How often the server rereads the registry for newly registered adapters (0: only at
+    start)."""
+
+    provision: Literal["off", "command", "first_use"] = "command"
+    """Adapters for an archetype that has none: `command`, only by `mythic archetypes
+    provision`; `first_use`, also when the server first serves an NPC of that archetype (a
+    separate low-priority process trains, evaluates and registers; the base model serves
+    meanwhile); `off`, never."""
+
+    provision_steps: int = Field(default=40, ge=1, le=100_000)
+    """Training steps per task when provisioning on first use."""
+
+    gate: QualityGate = Field(default_factory=lambda: QualityGate())
+    """What an adapter must reach in `mythic eval archetype` to be registered."""
+
+
 class WorldSettings(_Section):
     """The world an NPC server or chat loads."""
 
@@ -564,6 +606,7 @@ class MythicSettings(BaseSettings):
     route: RouteSettings = Field(default_factory=RouteSettings)
     jobs: JobSettings = Field(default_factory=JobSettings)
     speech: SpeechSettings = Field(default_factory=SpeechSettings)
+    archetypes: ArchetypeSettings = Field(default_factory=ArchetypeSettings)
 
     @model_validator(mode="after")
     def _route_consistent(self) -> MythicSettings:

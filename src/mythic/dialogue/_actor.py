@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from mythic._errors import MythicError
+from mythic.archetypes import AdapterTask
 from mythic.contracts import (
     Cutoff,
     Error,
@@ -62,11 +63,12 @@ from mythic.engine import (
     Priority,
     RequestError,
     Sampling,
+    UnknownAdapterError,
 )
 from mythic.knowledge import Query, SceneState, intent_prompt, intent_schema, persona_prompt
 from mythic.knowledge import SceneObject as KnownObject
 from mythic.memory import Fact, Memory
-from mythic.route import canned_line
+from mythic.route import EndpointRejectedError, RoutedStream, canned_line
 
 if TYPE_CHECKING:
     from mythic.dialogue._cast import Cast, ToolOutcome
@@ -508,10 +510,10 @@ class NPCActor:
                 sampling=chat_sampling(self.cast.settings.chat),
             )
             try:
-                stream = await self.cast.router.open(
+                stream = await self._open(
                     request,
                     "tool_dialogue" if out.tool_calls else "dialogue",
-                    archetype=self.persona.archetype,
+                    AdapterTask.DIALOGUE_STYLE,
                     canned=self.canned(out.line.turn_id),
                 )
                 break
@@ -523,6 +525,30 @@ class NPCActor:
                     yield delta.text
                 if delta.finish_reason == "length":
                     out.reason = "length"
+
+    async def _open(
+        self, request: GenerationRequest, kind: str, task: AdapterTask, *, canned: str | None
+    ) -> RoutedStream:
+        """Route `request` with its archetype's adapter for `task` (none when the registry has
+        none for the serving model, or it is not loaded yet). An endpoint that refuses the
+        adapter (unloaded since it was chosen, or a remote server without it) gets the request
+        again without it: the base model answers rather than nobody."""
+        archetype = self.persona.archetype
+        request.adapters = self.cast.adapters_for(request, kind, task, archetype)
+        try:
+            return await self.cast.router.open(request, kind, archetype=archetype, canned=canned)
+        except (UnknownAdapterError, EndpointRejectedError) as exc:
+            if not request.adapters or self.cast.chains is None:
+                raise
+            log.info(
+                "%s: adapters %s refused (%s); the base model answers",
+                self.npc_id,
+                sorted(request.adapters),
+                exc,
+            )
+            self.cast.chains.note_refused(archetype, task)
+            request.adapters = {}
+            return await self.cast.router.open(request, kind, archetype=archetype, canned=canned)
 
     def canned(self, key: str) -> str:
         """The NPC's line when no model can answer: one of the card's `fallback_lines`, else
@@ -737,12 +763,14 @@ class NPCActor:
         canned: dict[str, Any] = {"intent": "chitchat", "target": None, "urgency": 0}
         if ask.with_bark:
             canned["bark"] = self.canned(ask.request_id)
-        done = await self.cast.router.complete(
+        stream = await self._open(
             request,
             "bark" if ask.with_bark else "intent",
-            archetype=self.persona.archetype,
+            AdapterTask.ACTION_POLICY,
             canned=json.dumps(canned),
         )
+        async with stream:
+            done = await stream.collect()
         data = json.loads(done.text)
         bark = data.get("bark")
         if isinstance(bark, str):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from mythic._errors import MythicError
+from mythic.archetypes import AdapterTask, ChainRouter
 from mythic.config import MythicSettings
 from mythic.contracts import (
     Ack,
@@ -124,6 +125,7 @@ class Cast:
         replies: ReplySink | None = None,
         memory: Memory | None = None,
         knowledge: Knowledge | None = None,
+        chains: ChainRouter | None = None,
     ) -> None:
         self.check_world(world)  # an unknown tool name fails here, at start
         self.memory = memory
@@ -145,6 +147,8 @@ class Cast:
         self._answered: OrderedDict[str, None] = OrderedDict()
         self.replies = replies
         """Where each reply's phrases go for speech (set by the server's voice layer)."""
+        self.chains = chains
+        """Which archetype adapters each request applies; None: the base model serves all."""
         self._closed = False
 
     # -- routing ------------------------------------------------------------------------------
@@ -210,6 +214,16 @@ class Cast:
         for call in self._calls.values():
             if call.session_id == session_id and not call.answer.done():
                 call.answer.cancel()
+
+    def adapters_for(
+        self, request: GenerationRequest, kind: str, task: AdapterTask, archetype: str
+    ) -> dict[str, float]:
+        """The LoRA adapters (name -> scale) of `archetype` for `task` that `request` applies
+        on the model that will serve it; `{}`: the base model. Synchronous, no I/O."""
+        if self.chains is None:
+            return {}
+        base = self.router.base_model(request, kind, archetype=archetype)
+        return self.chains.adapters_for(archetype, task, base_model=base)
 
     def _world_changed(self, world: World) -> None:
         self.world: World = world

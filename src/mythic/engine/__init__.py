@@ -15,7 +15,9 @@ from mythic.engine._backend import (
 from mythic.engine._chat_format import ChatFormat, ChatMessage
 from mythic.engine._engine import Engine, EngineConfig, EngineMetrics
 from mythic.engine._errors import (
+    AdapterBudgetError,
     AdapterError,
+    AdapterInUseError,
     ContextOverflowError,
     DeadlineExceeded,
     EngineClosedError,
@@ -44,6 +46,7 @@ from mythic.engine._request import (
     SyncRequestStream,
     Timing,
 )
+from mythic.engine._resident import AdapterHost, ResidentAdapters, ResidentStats
 from mythic.engine._scheduler import (
     AdapterKey,
     Priority,
@@ -65,7 +68,10 @@ from mythic.engine.models import (
 
 __all__ = [
     "PACKAGED_MODELS",
+    "AdapterBudgetError",
     "AdapterError",
+    "AdapterHost",
+    "AdapterInUseError",
     "AdapterKey",
     "Backend",
     "BackendError",
@@ -100,6 +106,8 @@ __all__ = [
     "RequestCancelled",
     "RequestError",
     "RequestStream",
+    "ResidentAdapters",
+    "ResidentStats",
     "ResolvedModel",
     "Sampling",
     "ScheduledBatch",

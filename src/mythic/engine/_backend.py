@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mythic.engine._chat_format import ChatFormat
-from mythic.engine._errors import EngineError
+from mythic.engine._errors import AdapterError, EngineError
 from mythic.engine._scheduler import AdapterKey
 
 
@@ -78,6 +78,8 @@ class Backend(ABC):
     mixed_adapters: bool = False
     """True: one decode call may mix adapter sets, one per chunk (`SequenceChunk.adapters`),
     as PEFT's mixed-batch inference does; the engine then batches across adapters."""
+    adapter_format: str = "gguf"
+    """What `load_adapter` takes: `gguf` (a GGUF LoRA file) or `peft` (a PEFT folder)."""
 
     @abstractmethod
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
@@ -158,6 +160,16 @@ class Backend(ABC):
         Raises:
             AdapterError: the file is missing or is not an adapter for this model.
         """
+
+    def unload_adapter(self, name: str) -> None:
+        """Free a loaded adapter. The engine calls it only when no sequence uses it; if it is
+        in the current set (`set_adapters`), the backend clears that set first.
+
+        Raises:
+            AdapterError: no adapter of that name is loaded, or this backend cannot free one
+                (the default).
+        """
+        raise AdapterError(f"the {type(self).__name__} backend cannot unload adapters ({name!r})")
 
     @abstractmethod
     def set_adapters(self, key: AdapterKey) -> bool:

@@ -5,11 +5,18 @@ back before anything is queued) and hands it to the scheduler. One worker thread
 schedule a step, evaluate each adapter group in one backend call, sample every sequence that is
 due a token, fold the outcome back, and hand deltas to the waiting streams. The event loop never
 waits on the model: backend calls release the GIL and run on the worker.
+
+LoRA adapters are loaded and unloaded while the engine runs (`load_adapter`, `unload_adapter`
+and their async forms): the worker does it between two steps, so no decode ever sees an adapter
+change under it. Unloading an adapter that queued or running requests use is refused with
+`AdapterInUseError` (nothing is deferred: the caller tries again, or unloads another one).
 """
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import concurrent.futures
 import json
 import logging
 import math
@@ -19,6 +26,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from os import PathLike
 from typing import Any, Literal, Protocol
 
 from mythic.config import EngineSettings
@@ -31,6 +39,8 @@ from mythic.engine._backend import (
 )
 from mythic.engine._chat_format import ChatMessage
 from mythic.engine._errors import (
+    AdapterError,
+    AdapterInUseError,
     ContextOverflowError,
     DeadlineExceeded,
     EngineClosedError,
@@ -137,6 +147,16 @@ class _Active:
     done: bool = False
 
 
+@dataclass(slots=True)
+class _AdapterCommand:
+    """A load or unload the worker runs between two steps; `done` carries the outcome."""
+
+    action: Literal["load", "unload"]
+    name: str
+    path: str
+    done: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
+
+
 @dataclass(slots=True, frozen=True)
 class EngineMetrics:
     """A snapshot of the engine's counters and recent latencies."""
@@ -157,6 +177,11 @@ class EngineMetrics:
     prefix_lookups: int
     prefix_hits: int
     adapter_switches: int
+    adapter_loads: int
+    """Adapters loaded while running (`load_adapter`), not counting those loaded at start."""
+    adapter_unloads: int
+    adapter_requests: dict[str, int]
+    """Requests submitted with each adapter, by adapter name."""
     preemptions: int
     """Decode calls stopped part-way so that a gold request could start at once."""
     kv_cells_reserved: int
@@ -198,6 +223,14 @@ class Engine:
         self._busy_s = 0.0
         self._queue_waits: deque[float] = deque(maxlen=_SAMPLES)
         self._first_tokens: deque[float] = deque(maxlen=_SAMPLES)
+        self._loaded: set[str] = set(backend.adapters)
+        """Adapters requests may name; changed only by the worker, under the lock."""
+        self._adapter_users: Counter[str] = Counter()
+        """Adapter -> requests queued or running with it (under the lock)."""
+        self._adapter_requests: Counter[str] = Counter()
+        self._commands: deque[_AdapterCommand] = deque()
+        self._stopped = False
+        """The worker has stopped: no command would ever run."""
         self._thread = threading.Thread(target=self._run, name="mythic-engine", daemon=True)
         self._thread.start()
 
@@ -283,12 +316,21 @@ class Engine:
                 self.backend.free_sampler(active.sampler)
                 raise InvalidRequestError(f"request id {request.request_id!r} is in use")
             try:
+                # Checked again under the lock: an unload may have run since `_prepare`.
+                self._adapter_key(request.adapters)
+            except UnknownAdapterError:
+                self.backend.free_sampler(active.sampler)
+                raise
+            try:
                 self._scheduler.add(entry)
             except Overloaded:
                 self._counts["overloaded"] += 1
                 self.backend.free_sampler(active.sampler)
                 raise
             self._active[request.request_id] = active
+            for name, _ in active.adapter_key:
+                self._adapter_users[name] += 1
+                self._adapter_requests[name] += 1
             self._counts["submitted"] += 1
             if request.priority is Priority.GOLD and self.config.gold_preempts:
                 # Gold does not wait for a step already running: that step is stopped and
@@ -352,14 +394,15 @@ class Engine:
         )
 
     def _adapter_key(self, adapters: Mapping[str, float]) -> AdapterKey:
-        loaded = self.backend.adapters
+        loaded = self._loaded
         key = []
         for name, scale in adapters.items():
             if name not in loaded:
                 known = ", ".join(sorted(loaded)) or "none"
                 raise UnknownAdapterError(
                     f"no adapter named {name!r} is loaded (loaded: {known})",
-                    fix="add it under engine.adapters in mythic.yaml",
+                    fix="add it under engine.adapters in mythic.yaml, or load it with "
+                    "Engine.load_adapter",
                 )
             if not math.isfinite(scale):
                 raise InvalidRequestError(f"adapter {name!r} has a non-finite scale")
@@ -445,11 +488,17 @@ class Engine:
         try:
             while True:
                 with self._lock:
-                    while not (self._closing or self._cancelled or self._scheduler.has_work):
+                    while not (
+                        self._closing
+                        or self._cancelled
+                        or self._commands
+                        or self._scheduler.has_work
+                    ):
                         self._lock.wait()
                     if self._closing:
                         break
                 try:
+                    self._run_commands()
                     self._step()
                 except Exception as exc:  # a bug must not wedge the engine: fail and go on
                     logger.exception("unexpected error in the engine's step; recovering")
@@ -480,7 +529,8 @@ class Engine:
             )
         if out.num_tokens == 0:
             with self._lock:
-                if self._scheduler.has_work and not self._cancelled and not self._closing:
+                idle = not (self._cancelled or self._commands or self._closing)
+                if self._scheduler.has_work and idle:
                     self._lock.wait(_IDLE_WAIT_S)
             return
         started = time.monotonic()
@@ -648,7 +698,8 @@ class Engine:
     def _close_request(self, active: _Active, *, keep: int | None, discard: bool = False) -> None:
         active.done = True
         with self._lock:
-            self._active.pop(active.request.request_id, None)
+            if self._active.pop(active.request.request_id, None) is not None:
+                self._release_adapters(active)
             self._scheduler.remove(active.request.request_id)
         self.backend.free_sampler(active.sampler)
         if active.seq is not None:
@@ -684,12 +735,141 @@ class Engine:
 
     def _shutdown(self) -> None:
         with self._lock:
+            self._stopped = True
             leftovers = list(self._active.values())
             self._active.clear()
+            self._adapter_users.clear()
+            commands, self._commands = self._commands, deque()
         error = EngineClosedError("the engine was closed before the request finished")
         for active in leftovers:
             active.sink._put(error)
             self.backend.free_sampler(active.sampler)
+        for command in commands:
+            if command.done.set_running_or_notify_cancel():
+                command.done.set_exception(
+                    EngineClosedError(f"the engine was closed before {command.name!r} was loaded")
+                    if command.action == "load"
+                    else EngineClosedError("the engine was closed")
+                )
+
+    # -- adapters ------------------------------------------------------------------------------
+
+    @property
+    def adapters(self) -> frozenset[str]:
+        """Names of the loaded adapters, which requests may name."""
+        with self._lock:
+            return frozenset(self._loaded)
+
+    def adapters_in_use(self) -> frozenset[str]:
+        """Adapters that queued or running requests use: `unload_adapter` refuses these."""
+        with self._lock:
+            return frozenset(self._adapter_users)
+
+    def load_adapter(self, name: str, path: str | PathLike[str]) -> None:
+        """Load a LoRA adapter under `name` while the engine runs; returns once requests may
+        name it. The worker loads it between two steps (the other NPCs' streams pause for the
+        load). Blocks: on an event loop, await `aload_adapter` instead.
+
+        Raises:
+            AdapterError: the name is taken, or the file is missing or not an adapter for this
+                model.
+            EngineClosedError: the engine is closed.
+        """
+        self._adapter_command("load", name, path).result()
+
+    async def aload_adapter(self, name: str, path: str | PathLike[str]) -> None:
+        """`load_adapter` for an event loop: the loop keeps running while the worker loads."""
+        await asyncio.wrap_future(self._adapter_command("load", name, path))
+
+    def unload_adapter(self, name: str) -> None:
+        """Unload an adapter and free its memory, between two steps; its idle cached KV goes
+        with it. Blocks: on an event loop, await `aunload_adapter` instead.
+
+        Raises:
+            AdapterInUseError: queued or running requests use it (retry once they finish).
+            AdapterError: no adapter of that name is loaded, or the backend cannot unload.
+            EngineClosedError: the engine is closed.
+        """
+        self._adapter_command("unload", name).result()
+
+    async def aunload_adapter(self, name: str) -> None:
+        """`unload_adapter` for an event loop."""
+        await asyncio.wrap_future(self._adapter_command("unload", name))
+
+    def _adapter_command(
+        self, action: Literal["load", "unload"], name: str, path: str | PathLike[str] = ""
+    ) -> concurrent.futures.Future[None]:
+        if not isinstance(name, str) or not name:
+            raise AdapterError(f"an adapter needs a non-empty name, not {name!r}")
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("the engine's own worker cannot wait for an adapter command")
+        command = _AdapterCommand(action, name, str(path))
+        with self._lock:
+            if self._closing or self._stopped or self._dead is not None:
+                raise EngineClosedError("the engine is closed")
+            self._commands.append(command)
+            self._lock.notify()
+        return command.done
+
+    def _run_commands(self) -> None:
+        """Run the queued loads and unloads (on the worker, between steps); each outcome goes
+        to its caller."""
+        while True:
+            with self._lock:
+                if not self._commands:
+                    return
+                command = self._commands.popleft()
+            if not command.done.set_running_or_notify_cancel():
+                continue  # the caller gave up before it ran
+            try:
+                if command.action == "load":
+                    self._load_now(command.name, command.path)
+                else:
+                    self._unload_now(command.name)
+            except Exception as exc:  # noqa: BLE001 - handed to the caller, who raises it
+                command.done.set_exception(exc)
+            except BaseException:
+                command.done.set_exception(EngineClosedError("the engine's worker failed"))
+                raise
+            else:
+                command.done.set_result(None)
+
+    def _load_now(self, name: str, path: str) -> None:
+        if name in self._loaded:
+            raise AdapterError(f"an adapter named {name!r} is already loaded")
+        self.backend.load_adapter(name, path)
+        with self._lock:
+            self._loaded.add(name)
+            self._counts["adapter_loads"] += 1
+
+    def _unload_now(self, name: str) -> None:
+        with self._lock:
+            if name not in self._loaded:
+                raise AdapterError(f"no adapter named {name!r} is loaded")
+            users = self._adapter_users[name]
+            if users:
+                raise AdapterInUseError(
+                    f"adapter {name!r} is used by {users} queued or running requests",
+                    fix="unload it once they finish",
+                )
+            # From here on no request can name it; none holds it.
+            self._loaded.discard(name)
+        self._cache.forget_adapter(name)
+        try:
+            self.backend.unload_adapter(name)
+        except BaseException:
+            with self._lock:
+                self._loaded.add(name)
+            raise
+        with self._lock:
+            self._counts["adapter_unloads"] += 1
+
+    def _release_adapters(self, active: _Active) -> None:
+        """A request is over: it no longer holds its adapters (called under the lock)."""
+        for name, _ in active.adapter_key:
+            self._adapter_users[name] -= 1
+            if self._adapter_users[name] <= 0:
+                del self._adapter_users[name]
 
     # -- lifecycle and metrics -----------------------------------------------------------------
 
@@ -709,8 +889,6 @@ class Engine:
         self.backend.close()
 
     async def aclose(self) -> None:
-        import asyncio
-
         await asyncio.to_thread(self.close)
 
     def __enter__(self) -> Engine:
@@ -747,6 +925,9 @@ class Engine:
                 prefix_lookups=c["prefix_lookups"],
                 prefix_hits=c["prefix_hits"],
                 adapter_switches=c["adapter_switches"],
+                adapter_loads=c["adapter_loads"],
+                adapter_unloads=c["adapter_unloads"],
+                adapter_requests=dict(sorted(self._adapter_requests.items())),
                 preemptions=c["preemptions"],
                 kv_cells_reserved=self._scheduler.kv_reserved,
                 kv_cells_idle=self._cache.idle_cells,

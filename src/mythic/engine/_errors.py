@@ -50,7 +50,24 @@ class UnknownAdapterError(InvalidRequestError):
 
 
 class AdapterError(MythicError):
-    """A LoRA adapter file could not be loaded (missing, not a GGUF adapter, wrong base model)."""
+    """A LoRA adapter could not be loaded or unloaded (missing, not a GGUF adapter, wrong base
+    model, not loaded)."""
+
+
+class AdapterInUseError(AdapterError):
+    """An adapter that queued or running requests use cannot be unloaded now; it can be once
+    they finish."""
+
+    retryable = True
+
+
+class AdapterBudgetError(AdapterError):
+    """No room for one more adapter under the memory budget: the resident ones are all in use
+    (retryable), or the adapter alone is larger than the budget (permanent)."""
+
+    def __init__(self, message: str, *, retryable: bool, fix: str | None = None) -> None:
+        super().__init__(message, fix=fix)
+        self.retryable = retryable
 
 
 class Overloaded(RequestError):  # noqa: N818 - the name is the condition the caller handles

@@ -150,6 +150,14 @@ class SequenceCache:
             evicted += 1
         return evicted
 
+    def forget_adapter(self, name: str) -> int:
+        """Drop the idle entries computed under adapter `name` (it is being unloaded: a later
+        adapter loaded under the same name must not reuse them). Returns how many."""
+        stale = [s for s in self._idle.values() if any(n == name for n, _ in s.adapter_key)]
+        for seq in stale:
+            self._drop(seq)
+        return len(stale)
+
     def reset(self) -> None:
         """Forget everything (the backend's memory was cleared)."""
         self._free = list(range(self._n_seq - 1, -1, -1))

@@ -334,6 +334,16 @@ class LlamaCppBackend(Backend):
             )
         self._adapters[name] = adapter
 
+    def unload_adapter(self, name: str) -> None:
+        adapter = self._adapters.get(name)
+        if adapter is None:
+            raise AdapterError(f"no adapter named {name!r} is loaded")
+        if any(n == name for n, _ in self._adapter_key):
+            # The context keeps pointers to its adapters: it must let go before the free.
+            self.set_adapters(())
+        del self._adapters[name]
+        self._lib.llama_adapter_lora_free(adapter)
+
     def set_adapters(self, key: AdapterKey) -> bool:
         if key == self._adapter_key:
             return False

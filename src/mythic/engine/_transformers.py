@@ -67,6 +67,7 @@ class TransformersBackend(Backend):
     """A transformers causal LM (optionally PEFT-wrapped) serving many sequences."""
 
     mixed_adapters = True
+    adapter_format = "peft"
 
     def __init__(
         self,
@@ -415,6 +416,31 @@ class TransformersBackend(Backend):
                 fix="train the adapter on this base model",
             ) from exc
         self._adapters[name] = str(folder)
+
+    def unload_adapter(self, name: str) -> None:
+        """Delete a loaded adapter from the PEFT model, with the combined sets built from it.
+        The last one unwraps the model: PEFT cannot run a model left with no adapter."""
+        if name not in self._adapters:
+            raise AdapterError(f"no adapter named {name!r} is loaded")
+        try:
+            for key, combined in list(self._combined.items()):
+                if any(n == name for n, _ in key):
+                    del self._combined[key]
+                    self.model.delete_adapter(combined)
+            if len(self._adapters) == 1:
+                self.model = self.model.unload().eval()
+            else:
+                if name in self.model.active_adapters:
+                    # Rows name their adapter, so which one is "active" does not matter; PEFT
+                    # would pick another itself, with a warning.
+                    other = next(n for n in self._adapters if n != name)
+                    self.model.set_adapter(other, inference_mode=True)
+                self.model.delete_adapter(name)
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise AdapterError(f"PEFT could not delete adapter {name!r}: {exc}") from exc
+        del self._adapters[name]
+        if any(n == name for n, _ in self._key):
+            self._key = ()
 
     def set_adapters(self, key: AdapterKey) -> bool:
         changed = key != self._key

@@ -182,6 +182,26 @@ class Router:
                 return endpoint.engine
         return None
 
+    def base_model(
+        self,
+        request: GenerationRequest,
+        kind: str,
+        *,
+        archetype: str | None = None,
+        cost: float = 1.0,
+    ) -> str:
+        """The model that would serve `request`: the first endpoint of its tier's, an embedded
+        engine's model name or the model name a remote endpoint sends (which LoRA adapters fit).
+
+        Raises:
+            UnknownKindError: `kind` is not a request kind.
+        """
+        tier = self.decide(request, kind, archetype=archetype, cost=cost).tier
+        endpoint = self.states[self.tier(tier).endpoints[0]].endpoint
+        if isinstance(endpoint, EmbeddedEndpoint):
+            return endpoint.engine.backend.name
+        return endpoint.settings.model
+
     # -- health --------------------------------------------------------------------------------
 
     def start(self) -> None:

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from mythic._errors import MythicError
+from mythic.archetypes import REGISTRY_FILE, ChainRouter, RegistryError, open_registry
 from mythic.config import MythicSettings
 from mythic.contracts import MAX_TEXT_CHARS, LLMStreamDelta, PlayerUtterance, ServerMessage
 from mythic.dialogue import (
@@ -26,7 +27,14 @@ from mythic.dialogue import (
     TurnRecord,
     UnknownNPCError,
 )
-from mythic.engine import ChatMessage, Engine, GenerationRequest, Priority, Sampling
+from mythic.engine import (
+    ChatMessage,
+    Engine,
+    GenerationRequest,
+    Priority,
+    ResidentAdapters,
+    Sampling,
+)
 from mythic.knowledge import Knowledge, World, WorldLoadError, approx_tokens
 from mythic.memory import CardError, Memory, MemoryStoreError
 from mythic.route import (
@@ -45,10 +53,14 @@ from mythic.route import (
 from mythic.server._sessions import Session, Sessions
 
 if TYPE_CHECKING:
+    from mythic.server._provision import Provisioner
     from mythic.server._socket import Connection
     from mythic.server._voice import VoiceHub
 
 log = logging.getLogger(__name__)
+
+_REGISTRY_TIMEOUT_S = 10.0
+"""Longest wait for the archetype registry at start (a Redis that does not answer)."""
 
 
 @dataclass(slots=True)
@@ -123,6 +135,7 @@ class Gateway:
         replies: ReplySink | None = None,
         memory: Memory | None = None,
         knowledge: Knowledge | None = None,
+        chains: ChainRouter | None = None,
     ) -> None:
         """Requests go through `router` (tiers, endpoints, fallback); without one, every tier
         runs on `engine`, gold on `intent_engine` when given. `jobs`: the bronze job queue
@@ -130,7 +143,10 @@ class Gateway:
         jobs). `replies` receives each reply phrase by phrase (default: the voice layer, when
         `speech.enabled`). `memory`: the NPCs remember players across sessions (the app starts
         and closes it). `knowledge`: persona, lore and packing (None: built here from
-        `settings.knowledge`, counting tokens with the dialogue model's tokenizer).
+        `settings.knowledge`, counting tokens with the dialogue model's tokenizer). `chains`:
+        the archetype adapters NPCs are served with (None: built here from
+        `settings.archetypes`, on the embedded engines; the app reads the registry at start,
+        rereads it every `archetypes.refresh_s` and closes it).
 
         Raises:
             MissingExtraError: the retrieval mode needs the rag extra, which is missing.
@@ -160,6 +176,20 @@ class Gateway:
             outbox_size=server.outbox_size,
         )
         self.memory = memory
+        self.chains = chains if chains is not None else open_chains(settings, world, router)
+        """Which archetype adapters each NPC request applies; None: no registry, the base
+        model serves every NPC."""
+        self.provisioner: Provisioner | None = None
+        """Trains missing adapters on first use (`archetypes.provision: first_use`)."""
+        if self.chains is not None and settings.archetypes.provision == "first_use":
+            from mythic.server._provision import Provisioner
+
+            self.provisioner = Provisioner(
+                self.chains,
+                world.path,
+                settings.archetypes.registry or str(world.path / REGISTRY_FILE),
+                steps=settings.archetypes.provision_steps,
+            )
         self.cast = Cast(
             world,
             router,
@@ -168,6 +198,7 @@ class Gateway:
             replies=replies,
             memory=memory,
             knowledge=knowledge,
+            chains=self.chains,
         )
         self.voice: VoiceHub | None = None
         """Speech in and out for voice sessions; None when `speech.enabled` is false."""
@@ -420,6 +451,36 @@ class Gateway:
         return status
 
 
+def open_chains(settings: MythicSettings, world: World, router: Router) -> ChainRouter | None:
+    """The archetype chain router of `settings.archetypes.registry` (default: the world's
+    `archetypes.yaml`, when there is one), with resident adapters on each embedded engine under
+    `engine.adapter_budget_mb`; None when there is no registry. Reads nothing yet."""
+    where = settings.archetypes.registry
+    if where is None:
+        default = world.path / REGISTRY_FILE
+        if not default.is_file():
+            return None
+        where = str(default)
+    budget = settings.engine.adapter_budget_mb * 1024 * 1024
+    engines = {id(e): e for e in router.engines().values()}
+    residents = [ResidentAdapters.for_engine(e, budget) for e in engines.values()]
+    return ChainRouter(open_registry(where), residents)
+
+
+async def _read_chains(chains: ChainRouter) -> None:
+    """Read the registry once at start; unreadable, the base model serves until a reread."""
+    try:
+        async with asyncio.timeout(_REGISTRY_TIMEOUT_S):
+            await chains.refresh()
+        log.info("archetype chains from %s: %s", chains.registry.where, sorted(chains.chains))
+    except (RegistryError, TimeoutError) as exc:
+        log.error(
+            "archetype registry %s unreadable; the base model serves: %s",
+            chains.registry.where,
+            exc,
+        )
+
+
 def token_counter(engine: Engine) -> Callable[[str], int]:
     """Tokens of a text in the engine's model: the budgets of context packing."""
     backend = engine.backend
@@ -470,6 +531,8 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
             await gateway.memory.start()
         gateway.router.start()
         try:
+            if gateway.chains is not None:
+                await _read_chains(gateway.chains)
             async with asyncio.TaskGroup() as tasks:
                 jobs = gateway.start_jobs(tasks)
                 reaper = tasks.create_task(gateway.reap())
@@ -479,6 +542,17 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
                 watcher = (
                     tasks.create_task(gateway.watch_world())
                     if gateway.settings.knowledge.watch
+                    else None
+                )
+                refresh_s = gateway.settings.archetypes.refresh_s
+                following = (
+                    tasks.create_task(gateway.chains.follow(refresh_s))
+                    if gateway.chains is not None and refresh_s > 0
+                    else None
+                )
+                provisioning = (
+                    tasks.create_task(gateway.provisioner.run())
+                    if gateway.provisioner is not None
                     else None
                 )
                 try:
@@ -493,10 +567,16 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
                         warming.cancel()
                     if hearing is not None:
                         hearing.cancel()
+                    if following is not None:
+                        following.cancel()
+                    if provisioning is not None:
+                        provisioning.cancel()
                     await gateway.cast.aclose()
                     if voice is not None:
                         await voice.aclose()
         finally:
+            if gateway.chains is not None:
+                await gateway.chains.aclose()
             if gateway.jobs is not None:
                 await gateway.jobs.aclose()
             await gateway.router.aclose()

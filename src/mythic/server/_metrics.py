@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from mythic.route import BreakerState
 
 if TYPE_CHECKING:
+    from mythic.archetypes import ChainRouter
     from mythic.engine import Engine
     from mythic.server._app import Gateway
 
@@ -90,6 +91,8 @@ class _GatewayCollector(Collector):
             yield from _memory_metrics(g)
         yield from _knowledge_metrics(g)
         yield from _route_metrics(g)
+        if g.chains is not None:
+            yield from _chain_metrics(g.chains)
         engines: dict[str, Engine] = {}
         for name, engine in g.router.engines().items():
             if all(engine is not e for e in engines.values()):
@@ -109,10 +112,23 @@ class _GatewayCollector(Collector):
                 ("mythic_engine_prefix_hit_rate", "prompt tokens from cache", em.prefix_hit_rate),
                 ("mythic_engine_generated_tokens", "tokens generated", em.generated_tokens),
                 ("mythic_engine_preemptions", "steps stopped for gold", em.preemptions),
+                (
+                    "mythic_engine_adapter_switches",
+                    "decode calls that changed the adapter set",
+                    em.adapter_switches,
+                ),
             ):
                 gauge = GaugeMetricFamily(name, doc, labels=["engine"])
                 gauge.add_metric([role], value)
                 yield gauge
+            used = CounterMetricFamily(
+                "mythic_engine_adapter_requests",
+                "requests submitted with each LoRA adapter",
+                labels=["engine", "adapter"],
+            )
+            for adapter, n in em.adapter_requests.items():
+                used.add_metric([role, adapter], n)
+            yield used
 
 
 def _route_metrics(g: Gateway) -> Iterator[Metric]:
@@ -192,6 +208,74 @@ def _route_metrics(g: Gateway) -> Iterator[Metric]:
             "bronze artifacts in the NPCs' knowledge",
             value=len(g.follower.applied),
         )
+
+
+def _chain_metrics(chains: ChainRouter) -> Iterator[Metric]:
+    stats = chains.stats
+    served = CounterMetricFamily(
+        "mythic_adapter_served",
+        "requests given their archetype's adapter, by archetype and task",
+        labels=["archetype", "task"],
+    )
+    for (archetype, task), n in sorted(stats.served.items()):
+        served.add_metric([archetype, task], n)
+    yield served
+    fallbacks = CounterMetricFamily(
+        "mythic_adapter_fallbacks",
+        "requests served by the base model instead of an archetype adapter, by reason "
+        "(unregistered, other_base, format, not_resident, load_failed, rank_budget, refused)",
+        labels=["archetype", "task", "reason"],
+    )
+    for (archetype, task, reason), n in sorted(stats.fallbacks.items()):
+        fallbacks.add_metric([archetype, task, reason], n)
+    yield fallbacks
+    background = CounterMetricFamily(
+        "mythic_adapter_background_loads",
+        "adapters loaded in the background for the next request, by outcome",
+        labels=["outcome"],
+    )
+    for outcome, n in sorted(stats.loads.items()):
+        background.add_metric([outcome], n)
+    yield background
+    refreshes = CounterMetricFamily(
+        "mythic_archetype_registry_reads", "archetype registry reads", labels=["outcome"]
+    )
+    refreshes.add_metric(["ok"], stats.refreshes)
+    refreshes.add_metric(["failed"], stats.refresh_failures)
+    yield refreshes
+    resident = GaugeMetricFamily(
+        "mythic_adapters_resident", "adapters loaded on demand", labels=["model"]
+    )
+    resident_bytes = GaugeMetricFamily(
+        "mythic_adapters_resident_bytes", "bytes of adapters loaded on demand", labels=["model"]
+    )
+    budget = GaugeMetricFamily(
+        "mythic_adapters_budget_bytes", "engine.adapter_budget_mb in bytes", labels=["model"]
+    )
+    lookups = CounterMetricFamily(
+        "mythic_adapter_lookups",
+        "adapter loads asked for: already resident (hit) or loaded (miss)",
+        labels=["model", "result"],
+    )
+    loads = CounterMetricFamily(
+        "mythic_adapter_loads", "adapters loaded, by outcome", labels=["model", "outcome"]
+    )
+    evictions = CounterMetricFamily(
+        "mythic_adapter_evictions",
+        "adapters unloaded to make room (least recently used, not in use)",
+        labels=["model"],
+    )
+    for model, res in sorted(chains.residents.items()):
+        rs = res.stats
+        resident.add_metric([model], len(res))
+        resident_bytes.add_metric([model], res.used_bytes)
+        budget.add_metric([model], res.budget_bytes)
+        lookups.add_metric([model, "hit"], rs.hits)
+        lookups.add_metric([model, "miss"], rs.misses)
+        loads.add_metric([model, "ok"], rs.loads)
+        loads.add_metric([model, "failed"], rs.load_failures)
+        evictions.add_metric([model], rs.evictions)
+    yield from (resident, resident_bytes, budget, lookups, loads, evictions)
 
 
 def _memory_metrics(g: Gateway) -> Iterator[Metric]:

@@ -250,8 +250,10 @@ def evaluate_archetype(
     *,
     gate: Gate | None = None,
     seed: int = 0,
+    tasks: Sequence[str] = ("dialogue_style", "action_policy"),
 ) -> ArchetypeEval:
-    """Run `archetype`'s probes with and without its adapters (task -> loaded adapter name).
+    """Run `archetype`'s probes of `tasks` with and without its adapters (task -> loaded
+    adapter name).
 
     A task without an adapter is still probed on the base model, so the report shows where
     an adapter would start from.
@@ -260,8 +262,11 @@ def evaluate_archetype(
     npcs = [(i, p) for i, p in sorted(world.npcs.items()) if p.archetype == archetype]
     if not npcs:
         raise ValueError(f"world {world.name} has no NPC of archetype {archetype!r}")
-    results = [*_style_probe(engine, world, npcs, adapters.get("dialogue_style"))]
-    results.append(_action_probe(engine, npcs, adapters.get("action_policy"), seed))
+    results: list[ProbeResult] = []
+    if "dialogue_style" in tasks:
+        results += _style_probe(engine, world, npcs, adapters.get("dialogue_style"))
+    if "action_policy" in tasks:
+        results.append(_action_probe(engine, npcs, adapters.get("action_policy"), seed))
     passed: dict[str, bool] = {}
     reasons: dict[str, str] = {}
     for task, name in adapters.items():
