@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from mythic.archetypes import ChainRouter, open_registry
-from mythic.server._provision import ProvisionRun, Provisioner
+from mythic.server._provision import Provisioner, ProvisionRun
 from tests.conftest import EXAMPLE_WORLD
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,9 @@ async def test_a_missing_adapter_is_trained_registered_and_routed(tmp_path: Path
     registry = str(world / "archetypes.yaml")
     config = tmp_path / "lenient.yaml"  # any adapter passes: the flow, not the quality
     config.write_text(
-        yaml.safe_dump({"archetypes": {"gate": {"min_gain": -1.0, "min_score": 0.0}}})
+        yaml.safe_dump(
+            {"archetypes": {"gate": {"min_gain": -1.0, "min_score": 0.0, "max_violations": 99}}}
+        )
     )
     chains = ChainRouter(open_registry(registry))
     await chains.refresh()
@@ -59,4 +61,4 @@ async def test_a_missing_adapter_is_trained_registered_and_routed(tmp_path: Path
     chain = chains.chains["zombie"]
     info = chain.adapter("action_policy")
     assert info is not None and info.base_model == "smollm2-135m-instruct"
-    assert Path(info.path).is_file()
+    assert await asyncio.to_thread(Path(info.path).is_file)

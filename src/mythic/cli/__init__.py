@@ -568,14 +568,14 @@ def train_adapter(
     model: BaseModelOption = None,
     steps: Annotated[
         int, typer.Option("--steps", min=1, max=100_000, help="Optimiser steps.")
-    ] = 120,
+    ] = 40,
     rank: Annotated[int, typer.Option("--rank", min=1, max=64, help="LoRA rank.")] = 16,
     batch_size: Annotated[
         int, typer.Option("--batch", min=1, max=512, help="Examples per step.")
-    ] = 8,
+    ] = 4,
     learning_rate: Annotated[
         float, typer.Option("--lr", min=1e-7, max=1.0, help="Peak learning rate.")
-    ] = 1e-3,
+    ] = 2e-3,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", min=16, max=8192, help="Longest example in tokens.")
     ] = 768,

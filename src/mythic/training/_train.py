@@ -48,10 +48,10 @@ class TrainSettings(BaseModel):
     """LoRA alpha; the update is scaled by alpha / rank."""
     targets: tuple[str, ...] = TARGETS
     """Linear layers to adapt (transformers names)."""
-    steps: int = Field(default=120, ge=1, le=100_000)
+    steps: int = Field(default=40, ge=1, le=100_000)
     """Optimiser steps."""
-    batch_size: int = Field(default=8, ge=1, le=512)
-    learning_rate: float = Field(default=1e-3, gt=0, le=1.0)
+    batch_size: int = Field(default=4, ge=1, le=512)
+    learning_rate: float = Field(default=2e-3, gt=0, le=1.0)
     max_tokens: int = Field(default=768, ge=16, le=8192)
     """Longest example (prompt + reply) in tokens; longer ones lose the start of the prompt."""
     dropout: float = Field(default=0.0, ge=0, lt=1)
