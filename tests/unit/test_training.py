@@ -15,12 +15,15 @@ from mythic.training import (
     STYLES,
     CurationError,
     ExportError,
+    Gate,
+    ProbeResult,
     curate,
     export_gguf,
     load_extra,
     next_version,
     style_score,
 )
+from mythic.training._evaluate import judge
 from tests.conftest import EXAMPLE_WORLD
 
 pytestmark = pytest.mark.unit
@@ -271,3 +274,36 @@ def test_adapters_that_do_not_fit_get_typed_errors(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="A or B is missing"):
         export_gguf(half, base, tmp_path / "x.gguf")
     assert not (tmp_path / "x.gguf").exists()
+
+
+# -- the quality gate -------------------------------------------------------------------------
+
+
+def _result(probe: str, task: str, base: float, tuned: float, never: int = 0) -> ProbeResult:
+    return ProbeResult(probe, task, "a", base, tuned, 8, violations=(0, never))
+
+
+def test_the_gate_wants_gains_on_style_and_actions_and_no_loss_of_lore() -> None:
+    adapters = {"dialogue_style": "talk", "action_policy": "act"}
+    good = [
+        _result("style", "dialogue_style", 0.3, 0.9),
+        _result("consistency", "dialogue_style", 0.2, 0.7),
+        _result("lore", "dialogue_style", 0.5, 0.4),  # a small drop is allowed
+        _result("actions", "action_policy", 0.2, 0.9),
+    ]
+    passed, reasons = judge(good, adapters, Gate())
+    assert passed == {"talk": True, "act": True}, reasons
+    bad = [
+        _result("style", "dialogue_style", 0.9, 0.9),  # no gain
+        _result("consistency", "dialogue_style", 0.2, 0.4),  # gain, but below 0.5
+        _result("lore", "dialogue_style", 0.8, 0.3),  # forgot its facts
+        _result("actions", "action_policy", 0.2, 0.9, never=1),  # a zombie traded
+    ]
+    passed, reasons = judge(bad, adapters, Gate())
+    assert passed == {"talk": False, "act": False}
+    assert "style: 0.90 does not beat" in reasons["talk"]
+    assert "consistency: 0.40 is below 0.50" in reasons["talk"]
+    assert "lore: 0.30 fell from the base's 0.80" in reasons["talk"]
+    assert "1 never-intents" in reasons["act"]
+    passed, reasons = judge([], {"dialogue_style": "talk"}, Gate())
+    assert passed == {"talk": False} and reasons["talk"] == "no probe for this task"

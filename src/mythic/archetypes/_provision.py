@@ -27,6 +27,7 @@ from mythic.training import (
     ArchetypeEval,
     BuiltAdapter,
     Gate,
+    LoreQuestion,
     TrainSettings,
     build_adapter,
     curate,
@@ -107,6 +108,7 @@ def _evaluate(
     archetype: str,
     built: Sequence[BuiltAdapter],
     gate: Gate,
+    lore: Sequence[LoreQuestion],
 ) -> ArchetypeEval:
     names = {b.task: f"{archetype}-{b.task}-v{b.version}" for b in built}
     settings = engine_settings.model_copy(
@@ -115,7 +117,7 @@ def _evaluate(
     engine = Engine.load(settings, str(resolved.path))
     try:
         return evaluate_archetype(
-            engine, world, archetype, names, gate=gate, tasks=[b.task for b in built]
+            engine, world, archetype, names, gate=gate, tasks=[b.task for b in built], lore=lore
         )
     finally:
         engine.close()
@@ -134,10 +136,12 @@ async def provision(
     gate: Gate | None = None,
     only_missing: bool = True,
     progress: Progress | None = None,
+    lore: Sequence[LoreQuestion] = (),
 ) -> Provisioned:
     """Train, evaluate and (when they pass the gate) register `archetype`'s adapters.
 
     `only_missing`: skip tasks whose chain already has an adapter for `resolved`'s base.
+    `lore`: the world's lore probes, a regression check of the dialogue adapter.
     The CPU work runs in a worker thread; the registry is written only at the end.
 
     Raises:
@@ -163,7 +167,7 @@ async def provision(
         _train_all, resolved, world, archetype, tasks, out_root, train, progress
     )
     report = await asyncio.to_thread(
-        _evaluate, resolved, engine_settings, world, archetype, built, gate
+        _evaluate, resolved, engine_settings, world, archetype, built, gate, lore
     )
     outcome.evaluation = report
     for b in built:

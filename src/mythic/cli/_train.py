@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,8 @@ from mythic.config import MythicSettings
 
 if TYPE_CHECKING:
     from mythic.archetypes import AdapterInfo
-    from mythic.training import ArchetypeEval, BuiltAdapter, TrainSettings
+    from mythic.knowledge import World
+    from mythic.training import ArchetypeEval, BuiltAdapter, LoreQuestion, TrainSettings
 
 out = Console(highlight=False, soft_wrap=True, markup=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
@@ -149,6 +151,22 @@ def registered_adapters(where: str, archetype: str) -> dict[str, Path]:
     return asyncio.run(read())
 
 
+def lore_questions(world: World) -> list[LoreQuestion]:
+    """The world's lore probes (`probes/lore.yaml`), as the archetype evaluation asks them;
+    none when the world has no such file."""
+    from mythic.cli._eval import load_probes, lore_correct
+    from mythic.training import LoreQuestion
+
+    path = world.path / "probes" / "lore.yaml"
+    if not path.is_file():
+        return []
+    probes = load_probes(path, "lore", world)
+    return [
+        LoreQuestion(p.npc, p.question, partial(lore_correct, p))  # type: ignore[arg-type]
+        for p in probes
+    ]
+
+
 def _trained_on(adapters: dict[str, Path]) -> str | None:
     """The base model named in the adapters' manifests (written by `mythic train adapter`)."""
     from mythic.training import TrainingError
@@ -197,6 +215,7 @@ def run_eval(
             gate=Gate(**settings.archetypes.gate.model_dump()),
             # With adapters, only their tasks' probes; without, the base on every probe.
             tasks=list(adapters) or ["dialogue_style", "action_policy"],
+            lore=lore_questions(loaded_world),
         )
     finally:
         engine.close()
@@ -287,6 +306,7 @@ def run_provision(
                     gate=gate,
                     only_missing=not retrain,
                     progress=step,
+                    lore=lore_questions(loaded_world),
                 )
 
         outcome = asyncio.run(work())

@@ -454,6 +454,9 @@ class QualityGate(_Section):
     max_violations: int = Field(default=0, ge=0)
     """Intents an archetype never chooses (a zombie trading) that the action adapter may
     still choose in the probes."""
+    max_lore_drop: float = Field(default=0.25, ge=0.0, le=1.0)
+    """How far below the base the dialogue adapter may score on the world's lore probes of
+    its NPCs (a regression check: it must not make them forget their facts)."""
 
 
 class ArchetypeSettings(_Section):

@@ -20,6 +20,7 @@ from mythic.training._curate import (
 from mythic.training._evaluate import (
     ArchetypeEval,
     Gate,
+    LoreQuestion,
     ProbeResult,
     evaluate_archetype,
     style_score,
@@ -53,6 +54,7 @@ __all__ = [
     "Example",
     "ExportError",
     "Gate",
+    "LoreQuestion",
     "ProbeResult",
     "Scenario",
     "TrainResult",

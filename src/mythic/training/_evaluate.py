@@ -8,6 +8,8 @@ once with the archetype's adapter and once without, so the difference is the ada
   for zombies, fragments of at most four words), and never steps out of the fiction.
 - **consistency** (`dialogue_style`): one long scripted conversation with its history; the
   share of turns in style, less the share that repeat an earlier reply (loops).
+- **lore** (`dialogue_style`): the world's lore probes for the archetype's NPCs, asked under
+  the persona prompt; an adapter must not make the NPC forget its facts (`Gate.max_lore_drop`).
 - **actions** (`action_policy`): held-out scenarios decided under the server's JSON schema;
   coherent when the intent is one the archetype may choose there; a `never` intent (a zombie
   trading) is counted apart as a violation.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +48,9 @@ class Gate:
     """...and score at least this."""
     max_violations: int = 0
     """Never-intents chosen (a zombie trading) allowed to the action adapter."""
+    max_lore_drop: float = 0.25
+    """The lore probe is a regression check: the adapter may score at most this much below
+    the base (it need not beat it: the style adapter is not trained on lore questions)."""
 
 
 @dataclass(slots=True)
@@ -212,6 +217,42 @@ def _style_probe(
     return style_result, chat_result
 
 
+@dataclass(frozen=True, slots=True)
+class LoreQuestion:
+    """A lore probe: the NPC asked, the question, and whether a reply is correct."""
+
+    npc: str
+    question: str
+    correct: Callable[[str], bool]
+
+
+def _lore_probe(
+    engine: Engine,
+    world: World,
+    questions: Sequence[LoreQuestion],
+    adapter: str | None,
+) -> ProbeResult:
+    right: dict[str | None, int] = {None: 0, adapter: 0}
+    samples: list[dict[str, Any]] = []
+    for q in questions:
+        system = ChatMessage("system", persona_prompt(world, world.npc(q.npc)))
+        for which in [None, adapter] if adapter else [None]:
+            text = _reply(engine, [system, ChatMessage("user", q.question)], which, q.npc)
+            ok = q.correct(text)
+            right[which] += ok
+            samples.append({"adapter": which, "question": q.question, "reply": text, "ok": ok})
+    n = len(questions)
+    return ProbeResult(
+        "lore",
+        "dialogue_style",
+        adapter,
+        right[None] / n,
+        right[adapter] / n if adapter else None,
+        n,
+        samples=samples,
+    )
+
+
 def _action_probe(
     engine: Engine, npcs: Sequence[tuple[str, Persona]], adapter: str | None, seed: int
 ) -> ProbeResult:
@@ -251,12 +292,13 @@ def evaluate_archetype(
     gate: Gate | None = None,
     seed: int = 0,
     tasks: Sequence[str] = ("dialogue_style", "action_policy"),
+    lore: Sequence[LoreQuestion] = (),
 ) -> ArchetypeEval:
     """Run `archetype`'s probes of `tasks` with and without its adapters (task -> loaded
     adapter name).
 
     A task without an adapter is still probed on the base model, so the report shows where
-    an adapter would start from.
+    an adapter would start from. `lore`: the world's lore probes of this archetype's NPCs.
     """
     gate = gate or Gate()
     npcs = [(i, p) for i, p in sorted(world.npcs.items()) if p.archetype == archetype]
@@ -265,8 +307,19 @@ def evaluate_archetype(
     results: list[ProbeResult] = []
     if "dialogue_style" in tasks:
         results += _style_probe(engine, world, npcs, adapters.get("dialogue_style"))
+        asked = [q for q in lore if q.npc in dict(npcs)]
+        if asked:
+            results.append(_lore_probe(engine, world, asked, adapters.get("dialogue_style")))
     if "action_policy" in tasks:
         results.append(_action_probe(engine, npcs, adapters.get("action_policy"), seed))
+    passed, reasons = judge(results, adapters, gate)
+    return ArchetypeEval(archetype, results, passed, reasons)
+
+
+def judge(
+    results: Sequence[ProbeResult], adapters: Mapping[str, str], gate: Gate
+) -> tuple[dict[str, bool], dict[str, str]]:
+    """Whether each adapter (task -> name) passes `gate` on its task's probes, and why not."""
     passed: dict[str, bool] = {}
     reasons: dict[str, str] = {}
     for task, name in adapters.items():
@@ -274,6 +327,10 @@ def evaluate_archetype(
         why = []
         for r in mine:
             assert r.tuned is not None and r.gain is not None
+            if r.probe == "lore":
+                if r.gain < -gate.max_lore_drop:
+                    why.append(f"lore: {r.tuned:.2f} fell from the base's {r.base:.2f}")
+                continue
             if r.gain <= gate.min_gain:
                 why.append(f"{r.probe}: {r.tuned:.2f} does not beat the base's {r.base:.2f}")
             if r.tuned < gate.min_score:
@@ -282,4 +339,4 @@ def evaluate_archetype(
                 why.append(f"{r.probe}: {r.violations[1]} never-intents chosen")
         passed[name] = bool(mine) and not why
         reasons[name] = "; ".join(why) or ("passed" if mine else "no probe for this task")
-    return ArchetypeEval(archetype, results, passed, reasons)
+    return passed, reasons
