@@ -558,6 +558,16 @@ BaseModelOption = Annotated[
 ]
 
 
+StepsOption = Annotated[
+    int, typer.Option("--steps", min=1, max=100_000, help="Optimiser steps (per task).")
+]
+RankOption = Annotated[int, typer.Option("--rank", min=1, max=64, help="LoRA rank.")]
+BatchOption = Annotated[int, typer.Option("--batch", min=1, max=512, help="Examples per step.")]
+LearningRateOption = Annotated[
+    float, typer.Option("--lr", min=1e-7, max=1.0, help="Peak learning rate.")
+]
+
+
 @train_app.command("adapter")
 def train_adapter(
     archetype: Annotated[str, typer.Argument(help="Archetype, e.g. vampire or zombie.")],
@@ -566,16 +576,10 @@ def train_adapter(
     ),
     task: TaskOption = "dialogue_style",
     model: BaseModelOption = None,
-    steps: Annotated[
-        int, typer.Option("--steps", min=1, max=100_000, help="Optimiser steps.")
-    ] = 40,
-    rank: Annotated[int, typer.Option("--rank", min=1, max=64, help="LoRA rank.")] = 16,
-    batch_size: Annotated[
-        int, typer.Option("--batch", min=1, max=512, help="Examples per step.")
-    ] = 4,
-    learning_rate: Annotated[
-        float, typer.Option("--lr", min=1e-7, max=1.0, help="Peak learning rate.")
-    ] = 2e-3,
+    steps: StepsOption = 40,
+    rank: RankOption = 16,
+    batch_size: BatchOption = 4,
+    learning_rate: LearningRateOption = 2e-3,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", min=16, max=8192, help="Longest example in tokens.")
     ] = 768,
@@ -693,14 +697,10 @@ def archetypes_provision(
         str, typer.Option("--tasks", help="Comma-separated tasks to train.")
     ] = "dialogue_style,action_policy",
     model: BaseModelOption = None,
-    steps: Annotated[int, typer.Option("--steps", min=1, max=100_000, help="Steps per task.")] = 40,
-    rank: Annotated[int, typer.Option("--rank", min=1, max=64, help="LoRA rank.")] = 16,
-    batch_size: Annotated[
-        int, typer.Option("--batch", min=1, max=512, help="Examples per step.")
-    ] = 4,
-    learning_rate: Annotated[
-        float, typer.Option("--lr", min=1e-7, max=1.0, help="Peak learning rate.")
-    ] = 2e-3,
+    steps: StepsOption = 40,
+    rank: RankOption = 16,
+    batch_size: BatchOption = 4,
+    learning_rate: LearningRateOption = 2e-3,
     retrain: Annotated[
         bool, typer.Option("--retrain", help="Train tasks that already have an adapter too.")
     ] = False,
