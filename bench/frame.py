@@ -6,23 +6,31 @@ is timed. Rows, in one run, for each size: `off` (no intent requests: the baseli
 NPCs near the player asking a real Mythic server for intents over the client SDK, the client
 on a thread of the game's process (`thread`) or in a process of its own (`process`, the
 default of `mythic sim`). The server runs in its own process with `--threads` cores, as
-beside a game; it and the intent process run at nice 10, below the game.
+beside a game; it and the intent process run at nice 10, below the game. Each set of rows runs
+twice: `shared` (every process may run on every core, as before) and `pinned` (the frame loop
+on cores of its own, the server and the intent process on the `--threads` others, as `mythic
+sim` does by default), each with its own `off` baseline.
 
-Columns: frame p50/p99/max (ms); over: frames over the 3.3 ms budget; by model: over-budget
-frames attributable to the traffic (the row's minus `off`'s, at the same size; the target is
-0); x p99: against `off`; applied/s: intents applied per second; hit: the share of the player's
-interactions whose NPC was predicted (and prefetched) in advance.
+Each row runs `--rounds` times, the rounds interleaved; the table shows medians over rounds.
+Columns: frame p50/p99/max (ms); over: frames over the 3.3 ms budget; preempt: those of them
+whose own work (the thread's CPU time) was within budget, so the frame waited for its core or
+the GIL; by model: over-budget frames attributable to the traffic (the row's minus `off`'s, at
+the same size and cores; the target is 0); x p99: against `off`; applied/s: intents applied
+per second; hit: the share of the player's interactions whose NPC was predicted (and
+prefetched) in advance.
 
 Writes bench/results/frame.json.
 
     .venv/bin/python bench/frame.py [--seconds 20] [--sizes 1000,10000] [--threads 1]
-                                    [--clients thread,process]
+                                    [--clients thread,process] [--cores shared,pinned]
+                                    [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,34 +46,46 @@ from mythic.cli._sim import (  # noqa: E402
     build_region,
     cpu_model_settings,
     intent_source,
+    pinned,
     run_paced,
     spawned_server,
     speakers,
 )
-from mythic.control import Controller  # noqa: E402
+from mythic.control import Controller, CoreSplit, split_cores  # noqa: E402
 
 WORLD = ROOT / "examples" / "worlds" / "ravenmoor"
 
 
 def run_row(
-    npcs: int, seconds: float, url: str | None, client: SourceKind | None
+    npcs: int,
+    seconds: float,
+    url: str | None,
+    client: SourceKind | None,
+    split: CoreSplit | None,
 ) -> dict[str, Any]:
     settings = cpu_model_settings(0)  # as `mythic sim`
     controller = Controller(settings=settings, capacity=npcs)
     path = build_region(controller, RegionSpec(npcs=npcs, horde=npcs * 3 // 10, seed=0))
     source = None
     with contextlib.ExitStack() as stack:
+        if split is not None:
+            stack.enter_context(pinned(split.game))
         if url is not None and client is not None:
-            source = stack.enter_context(intent_source(controller, url, speakers(WORLD), client))
+            cpus = split.model if split is not None else None
+            source = stack.enter_context(
+                intent_source(controller, url, speakers(WORLD), client, cpus=cpus)
+            )
         run = run_paced(controller, path, seconds=seconds)
     s = run.stats
     interactions = s.prediction_hits + s.prediction_misses
     return {
         "npcs": npcs,
+        "cores": "pinned" if split is not None else "shared",
         "traffic": client or "off",
         "frames": len(run.frame_s),
         "frame_ms": latency(run.frame_s, 1000),
         "over_budget": run.over_budget,
+        "preempted": run.preempted,
         "intents": {
             "sent": s.requests_sent,
             "applied": s.applied,
@@ -81,12 +101,60 @@ def run_row(
     }
 
 
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (size, cores, traffic): medians over the rounds; `over_by_model` is the
+    row's median over-budget count minus its `off` row's (same size and cores)."""
+    groups: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault((run["npcs"], run["cores"], run["traffic"]), []).append(run)
+    rows = []
+    for (npcs, cores, traffic), group in groups.items():
+        rows.append(
+            {
+                "npcs": npcs,
+                "cores": cores,
+                "traffic": traffic,
+                "rounds": len(group),
+                "frame_ms": {
+                    k: statistics.median(g["frame_ms"][k] for g in group)
+                    for k in ("p50", "p95", "p99", "max")
+                },
+                "over_budget": statistics.median(g["over_budget"] for g in group),
+                "over_budget_each": [g["over_budget"] for g in group],
+                "preempted": statistics.median(g["preempted"] for g in group),
+                "applied_per_s": statistics.median(g["intents"]["applied_per_s"] for g in group),
+                "hit_rate": median_or_none([g["hit_rate"] for g in group]),
+            }
+        )
+    off = {(r["npcs"], r["cores"]): r for r in rows if r["traffic"] == "off"}
+    for r in rows:
+        base = off.get((r["npcs"], r["cores"]))
+        on = r["traffic"] != "off"
+        r["over_by_model"] = (
+            max(0, r["over_budget"] - base["over_budget"]) if on and base is not None else 0
+        )
+        r["x_p99"] = ratio(r["frame_ms"]["p99"], base["frame_ms"]["p99"]) if base else None
+    return rows
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--sizes", default="1000,10000")
     parser.add_argument("--threads", type=int, default=1, help="cores for the server's model")
     parser.add_argument("--clients", default="thread,process", help="where the client runs")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each row (medians)")
+    parser.add_argument(
+        "--cores",
+        default="shared,pinned",
+        help="shared: all processes on all cores; pinned: "
+        "the frame loop on cores of its own, the server and intent process on --threads others",
+    )
     args = parser.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
     clients: list[SourceKind | None] = [None]
@@ -94,27 +162,41 @@ def main() -> None:
         if name not in ("thread", "process"):
             parser.error(f"--clients: {name!r} is neither thread nor process")
         clients.append("thread" if name == "thread" else "process")
+    placements: list[CoreSplit | None] = []
+    for name in args.cores.split(","):
+        if name == "shared":
+            placements.append(None)
+        elif name == "pinned":
+            split = split_cores(args.threads)
+            if split is None:
+                parser.error("--cores pinned: this machine cannot pin (one core, or not Linux)")
+            placements.append(split)
+        else:
+            parser.error(f"--cores: {name!r} is neither shared nor pinned")
 
-    rows = []
-    with spawned_server(WORLD, threads=args.threads) as url:
-        for npcs in sizes:
-            for client in clients:
-                rows.append(run_row(npcs, args.seconds, url, client))
-    off = {r["npcs"]: r for r in rows if r["traffic"] == "off"}
-    print(f"frames paced at 300/s for {args.seconds:g} s; budget {FRAME_BUDGET_S * 1000:.1f} ms")
-    header = f"{'npcs':>6} {'client':<8}{'p50':>7}{'p99':>7}{'max':>7}{'over':>6}{'by model':>9}"
-    print(header + f"{'x p99':>7}{'applied/s':>10}{'hit':>6}")
+    runs: list[dict[str, Any]] = []
+    for split in placements:
+        cpus = split.model if split is not None else None
+        with spawned_server(WORLD, threads=args.threads, cpus=cpus) as url:
+            for n in range(args.rounds):  # rounds interleaved, so slow spells hit every row
+                for npcs in sizes:
+                    for client in clients:
+                        runs.append(run_row(npcs, args.seconds, url, client, split) | {"round": n})
+    rows = summarise(runs)
+    print(
+        f"frames paced at 300/s for {args.seconds:g} s, {args.rounds} round(s), medians; "
+        f"budget {FRAME_BUDGET_S * 1000:.1f} ms"
+    )
+    header = f"{'npcs':>6} {'cores':<7}{'client':<8}{'p50':>7}{'p99':>7}{'max':>7}{'over':>6}"
+    print(header + f"{'preempt':>8}{'by model':>9}{'x p99':>7}{'applied/s':>10}{'hit':>6}")
     for r in rows:
-        base = off[r["npcs"]]
-        on = r["traffic"] != "off"
-        r["over_by_model"] = max(0, r["over_budget"] - base["over_budget"]) if on else 0
-        r["x_p99"] = ratio(r["frame_ms"]["p99"], base["frame_ms"]["p99"])
         ms = r["frame_ms"]
         print(
-            f"{r['npcs']:>6} {r['traffic']:<8}{fmt(ms['p50'], '.2f'):>7}"
-            f"{fmt(ms['p99'], '.2f'):>7}{fmt(ms['max'], '.2f'):>7}{r['over_budget']:>6}"
-            f"{r['over_by_model']:>9}{fmt(r['x_p99'], '.2f'):>7}"
-            f"{fmt(r['intents']['applied_per_s'], '.1f'):>10}{fmt(r['hit_rate'], '.2f'):>6}"
+            f"{r['npcs']:>6} {r['cores']:<7}{r['traffic']:<8}{fmt(ms['p50'], '.2f'):>7}"
+            f"{fmt(ms['p99'], '.2f'):>7}{fmt(ms['max'], '.2f'):>7}{fmt(r['over_budget'], 'g'):>6}"
+            f"{fmt(r['preempted'], 'g'):>8}{fmt(r['over_by_model'], 'g'):>9}"
+            f"{fmt(r['x_p99'], '.2f'):>7}"
+            f"{fmt(r['applied_per_s'], '.1f'):>10}{fmt(r['hit_rate'], '.2f'):>6}"
         )
     write_results(
         ROOT / "bench" / "results" / "frame.json",
@@ -125,6 +207,14 @@ def main() -> None:
         budget_ms=FRAME_BUDGET_S * 1000,
         server_threads=args.threads,
         nice=10,
+        rounds=args.rounds,
+        runs=runs,
+        cores={
+            "shared" if s is None else "pinned": None
+            if s is None
+            else {"game": sorted(s.game), "model": sorted(s.model)}
+            for s in placements
+        },
         results=rows,
     )
 

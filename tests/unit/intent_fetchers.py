@@ -22,7 +22,8 @@ class UnpicklableError(Exception):
 @contextlib.asynccontextmanager
 async def answering(intent: str = "trade") -> AsyncIterator[Any]:
     """Answers every request with `intent`; npc `broken` raises, `odd` raises an unpicklable
-    error, `slow` waits forever, `pid` answers with a bark naming the child's process id."""
+    error, `slow` waits forever, `pid` answers with a bark naming the child's process id,
+    `cores` with one naming the cores it may run on and its niceness."""
 
     async def fetch(request: IntentRequest) -> IntentUpdate:
         await asyncio.sleep(0)
@@ -33,6 +34,8 @@ async def answering(intent: str = "trade") -> AsyncIterator[Any]:
         if request.npc_id == "slow":
             await asyncio.Event().wait()
         bark = f"pid {os.getpid()}" if request.npc_id == "pid" else None
+        if request.npc_id == "cores":
+            bark = f"{sorted(os.sched_getaffinity(0))} nice {os.nice(0)}"
         return IntentUpdate(npc_id=request.npc_id, intent=intent, request_id="sdk-1", bark=bark)
 
     yield fetch

@@ -17,10 +17,13 @@ from mythic.contracts import IntentRequest, IntentUpdate
 from mythic.control import (
     AsyncIntentSource,
     Controller,
+    CoreSplit,
+    Placement,
     Player,
     ProcessIntentSource,
     QueuedTooLongError,
     Tier,
+    split_cores,
 )
 from tests.unit import intent_fetchers
 
@@ -31,9 +34,11 @@ ORIGIN = Player((0.0, 0.0))
 
 
 class Collector:
-    """A thread-safe sink that records what arrives and wakes the test."""
+    """A thread-safe sink that records what arrives and wakes the test; with `source`, it
+    polls that source for answers while it waits, as a frame loop would."""
 
     def __init__(self) -> None:
+        self.source: ProcessIntentSource | None = None
         self.lock = threading.Lock()
         self.updates: list[IntentUpdate] = []
         self.failures: list[tuple[IntentRequest, BaseException | None]] = []
@@ -50,14 +55,41 @@ class Collector:
             self.changed.notify_all()
 
     def wait_for(self, count: int, timeout_s: float = 30.0) -> None:
+        def arrived() -> bool:
+            return len(self.updates) + len(self.failures) >= count
+
         with self.changed:
-            ok = self.changed.wait_for(
-                lambda: len(self.updates) + len(self.failures) >= count, timeout_s
-            )
+            if self.source is None:
+                ok = self.changed.wait_for(arrived, timeout_s)
+            else:
+                ok = False
+                for _ in range(int(timeout_s / 0.005)):  # a frame loop's polls, bounded
+                    self.changed.release()
+                    try:
+                        self.source.poll()
+                    finally:
+                        self.changed.acquire()
+                    if ok := arrived():
+                        break
+                    self.changed.wait(0.005)
         assert ok, f"only {self.updates} and {self.failures} arrived"
 
     def failure_of(self, npc_id: str) -> BaseException | None:
         return next(e for r, e in self.failures if r.npc_id == npc_id)
+
+
+def started(
+    connect: object, sink: Collector, answers: str, **kwargs: object
+) -> ProcessIntentSource:
+    """A started source handing answers to `sink` by `answers` ("poll": the sink polls)."""
+    source = ProcessIntentSource(connect, answers=answers, **kwargs)  # type: ignore[arg-type]
+    source.start(sink)
+    if answers == "poll":
+        sink.source = source
+    return source
+
+
+ANSWERS = pytest.mark.parametrize("answers", ["poll", "thread"])
 
 
 def ask(npc_id: str, n: int = 1) -> IntentRequest:
@@ -110,12 +142,12 @@ def test_max_wait_and_concurrency_are_checked() -> None:
 # -- the client in a child process ------------------------------------------------------------
 
 
-def test_process_source_fetches_in_another_process_and_feeds_the_controller() -> None:
+@ANSWERS
+def test_process_source_fetches_in_another_process_and_feeds_the_controller(answers: str) -> None:
     controller = Controller()
     controller.add("marla", "barkeep", (5.0, 0.0))
     sink = Collector()
-    source = ProcessIntentSource(functools.partial(intent_fetchers.answering, "quest"))
-    source.start(sink)
+    source = started(functools.partial(intent_fetchers.answering, "quest"), sink, answers)
     try:
         assert source.running and source.pid not in (None, os.getpid())
         source.submit(ask("pid"), Tier.GOLD)
@@ -136,10 +168,11 @@ def test_process_source_fetches_in_another_process_and_feeds_the_controller() ->
     assert controller.stats().dropped_stale == 1
 
 
-def test_process_source_round_trip_through_the_controller() -> None:
+@ANSWERS
+def test_process_source_round_trip_through_the_controller(answers: str) -> None:
     controller = Controller()
     controller.add("marla", "barkeep", (5.0, 0.0))
-    source = ProcessIntentSource(intent_fetchers.answering)
+    source = ProcessIntentSource(intent_fetchers.answering, answers=answers)  # type: ignore[arg-type]
     source.start(controller)
     controller.source = source
     try:
@@ -159,10 +192,10 @@ def test_process_source_round_trip_through_the_controller() -> None:
     assert controller.stats().applied == 1
 
 
-def test_process_source_passes_failures_back_typed_or_named() -> None:
+@ANSWERS
+def test_process_source_passes_failures_back_typed_or_named(answers: str) -> None:
     sink = Collector()
-    with ProcessIntentSource(intent_fetchers.answering) as source:
-        source.start(sink)
+    with started(intent_fetchers.answering, sink, answers) as source:
         source.submit(ask("broken"), Tier.GOLD)
         source.submit(ask("odd"), Tier.SILVER)
         sink.wait_for(2)
@@ -180,10 +213,10 @@ def test_a_child_that_cannot_connect_raises_at_start() -> None:
     source.close()  # still fine
 
 
-def test_close_fails_the_requests_still_running() -> None:
+@ANSWERS
+def test_close_fails_the_requests_still_running(answers: str) -> None:
     sink = Collector()
-    source = ProcessIntentSource(intent_fetchers.answering)
-    source.start(sink)
+    source = started(intent_fetchers.answering, sink, answers)
     source.submit(ask("slow"), Tier.GOLD)
     source.close()
     sink.wait_for(1)
@@ -193,12 +226,12 @@ def test_close_fails_the_requests_still_running() -> None:
     assert isinstance(sink.failure_of("marla"), ConnectionError)
 
 
-def test_a_dead_child_fails_its_requests_and_the_game_goes_on() -> None:
+@ANSWERS
+def test_a_dead_child_fails_its_requests_and_the_game_goes_on(answers: str) -> None:
     controller = Controller()
     controller.add("marla", "barkeep", (5.0, 0.0))
     sink = Collector()
-    source = ProcessIntentSource(intent_fetchers.answering)
-    source.start(sink)
+    source = started(intent_fetchers.answering, sink, answers)
     try:
         source.submit(ask("slow"), Tier.GOLD)
         pid = source.pid
@@ -213,3 +246,81 @@ def test_a_dead_child_fails_its_requests_and_the_game_goes_on() -> None:
         controller.frame(DT, 0.0, ORIGIN)  # the frame path is untouched
     finally:
         source.close()
+
+
+# -- where the model's processes run ----------------------------------------------------------
+
+
+def test_split_cores_keeps_at_least_one_core_for_the_game() -> None:
+    assert split_cores(1, [0, 1]) == CoreSplit(game=frozenset({0}), model=frozenset({1}))
+    assert split_cores(3, [4, 5, 6, 7]) == CoreSplit(frozenset({4}), frozenset({5, 6, 7}))
+    assert split_cores(8, [0, 1, 2]) == CoreSplit(frozenset({0}), frozenset({1, 2}))
+    assert split_cores(2, range(16)) == CoreSplit(frozenset(range(14)), frozenset({14, 15}))
+    assert split_cores(1, [3]) is None  # one core: nothing to split
+    with pytest.raises(ValueError, match="at least 1"):
+        split_cores(0, [0, 1])
+
+
+def test_bad_cores_are_refused() -> None:
+    connect = functools.partial(intent_fetchers.answering)
+    with pytest.raises(ValueError, match="at least one core"):
+        ProcessIntentSource(connect, cpus=[])
+    with pytest.raises(ValueError, match="at least one core"):
+        ProcessIntentSource(connect, cpus=[-1])
+    with pytest.raises(ValueError, match="'poll' or 'thread'"):
+        ProcessIntentSource(connect, answers="pipe")  # type: ignore[arg-type]
+
+
+def test_polled_answers_wait_for_the_frame_loop_and_come_on_its_thread() -> None:
+    """With `answers="poll"` nothing reaches the sink between polls: no thread of the source
+    runs in the game's process, and each poll hands over at most `max_messages`."""
+    sink = Collector()
+    source = ProcessIntentSource(intent_fetchers.answering)
+    source.start(sink)
+    try:
+        assert threading.active_count() == 1  # no reader thread
+        for n in range(3):
+            source.submit(ask("marla", n), Tier.GOLD)
+        source.submit(ask("broken"), Tier.GOLD)
+        sink.source = source
+        sink.wait_for(1)  # polls until the first arrives
+        sink.source = None
+        got = len(sink.updates) + len(sink.failures)
+        threading.Event().wait(0.2)
+        assert len(sink.updates) + len(sink.failures) == got  # nothing while nobody polls
+        handed = 0
+        for _ in range(2000):  # bounded
+            handed += source.poll(max_messages=1)
+            if got + handed == 4:
+                break
+            threading.Event().wait(0.005)
+        assert len(sink.updates) == 3 and isinstance(sink.failure_of("broken"), ValueError)
+    finally:
+        source.close()
+    assert source.poll() == 0  # closed: nothing to read
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning needs Linux")
+def test_the_child_runs_on_its_cores_below_the_game() -> None:
+    mine = sorted(os.sched_getaffinity(0))
+    cores = [mine[-1]]
+    sink = Collector()
+    source = started(intent_fetchers.answering, sink, "poll", nice=5, cpus=cores)
+    try:
+        source.submit(ask("cores"), Tier.GOLD)
+        sink.wait_for(1)
+    finally:
+        source.close()
+    assert sink.updates[0].bark == f"{cores} nice {os.nice(0) + 5}"
+    assert sorted(os.sched_getaffinity(0)) == mine  # the game's own cores are untouched
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning needs Linux")
+def test_a_placement_on_a_core_this_process_lacks_is_skipped_not_fatal() -> None:
+    mine = os.sched_getaffinity(0)
+    missing = max(mine) + 1024
+    try:
+        Placement(cpus=frozenset({missing})).apply()  # refused by the OS: left as it was
+        assert os.sched_getaffinity(0) == mine
+    finally:
+        os.sched_setaffinity(0, mine)

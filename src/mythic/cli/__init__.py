@@ -1228,12 +1228,22 @@ def sim(
         typer.Option(help="Also write a replay page (HTML) of the run to open in a browser."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the region and the steering.")] = 0,
+    pin: Annotated[
+        bool,
+        typer.Option(
+            "--pin/--no-pin",
+            help="Pin the frame loop to cores of its own and the model's processes (server, "
+            "intent client) to the --threads others (Linux, 2+ cores).",
+        ),
+    ] = True,
 ) -> None:
     """A headless region: a player walks through a town, its monsters and a zombie horde, every
     NPC steered at frame rate by the game-side controller while the NPCs near the player get
     intents from the model (a server of its own, or --server). Prints frame-time statistics."""
     _guard(
-        lambda: _sim(world, npcs, horde, seconds, fps, server, model, threads, intents, view, seed)
+        lambda: _sim(
+            world, npcs, horde, seconds, fps, server, model, threads, intents, view, seed, pin
+        )
     )
 
 
@@ -1249,6 +1259,7 @@ def _sim(
     intents: str,
     view: Path | None,
     seed: int,
+    pin: bool,
 ) -> None:
     import contextlib
 
@@ -1256,15 +1267,17 @@ def _sim(
     from mythic.cli._sim import (
         FRAME_BUDGET_S,
         RegionSpec,
+        SourceKind,
         build_region,
         cpu_model_settings,
         intent_source,
         percentile,
+        pinned,
         run_paced,
         spawned_server,
         speakers,
     )
-    from mythic.control import Controller
+    from mythic.control import Controller, split_cores
 
     if intents not in ("process", "thread"):
         raise MythicError(f"--intents must be 'process' or 'thread', not {intents!r}")
@@ -1276,16 +1289,24 @@ def _sim(
     controller = Controller(settings=settings, capacity=npcs)
     path = build_region(controller, spec)
     recorder = ReplayRecorder(controller) if view is not None else None
+    split = split_cores(threads) if pin and model else None
+    model_cpus = split.model if split is not None else None
     with contextlib.ExitStack() as stack:
         if model:
             speaker_of = speakers(world)
             if server is None:
                 err.print(f"starting a server for {world} ({threads} core(s) for the model)...")
-                server = stack.enter_context(spawned_server(world, threads=threads))
-            stack.enter_context(
-                intent_source(
-                    controller, server, speaker_of, "process" if intents == "process" else "thread"
+                server = stack.enter_context(
+                    spawned_server(world, threads=threads, cpus=model_cpus)
                 )
+            if split is not None and stack.enter_context(pinned(split.game)):
+                err.print(
+                    f"frame loop on core(s) {sorted(split.game)}, model's processes on "
+                    f"{sorted(split.model)}"
+                )
+            kind: SourceKind = "process" if intents == "process" else "thread"
+            stack.enter_context(
+                intent_source(controller, server, speaker_of, kind, cpus=model_cpus)
             )
         err.print(f"running {npcs} NPCs ({horde} in the horde) for {seconds:g} s at {fps:g} fps")
         run = run_paced(controller, path, seconds=seconds, fps=fps, recorder=recorder)
@@ -1297,7 +1318,8 @@ def _sim(
     out.print(
         f"frames {len(ms)}  frame p50 {percentile(ms, 0.5):.2f} ms  p99 "
         f"{percentile(ms, 0.99):.2f} ms  max {max(ms, default=0):.2f} ms  over "
-        f"{FRAME_BUDGET_S * 1000:.1f} ms: {run.over_budget}"
+        f"{FRAME_BUDGET_S * 1000:.1f} ms: {run.over_budget} ({run.preempted} waiting for "
+        "the CPU)"
     )
     out.print(
         f"tiers gold {stats.gold} silver {stats.silver} bronze {stats.bronze}  intents sent "

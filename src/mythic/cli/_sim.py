@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -247,18 +247,25 @@ SourceKind = Literal["process", "thread"]
 
 @contextlib.contextmanager
 def intent_source(
-    controller: Any, url: str, speaker_of: dict[str, str], kind: SourceKind = "process"
+    controller: Any,
+    url: str,
+    speaker_of: dict[str, str],
+    kind: SourceKind = "process",
+    *,
+    cpus: Collection[int] | None = None,
 ) -> Iterator[Any]:
     """Connect `controller` to the server at `url` through a started intent source: the
-    client in a child process below the game's priority (`process`), or on a thread of the
-    game's process (`thread`); closed on exit."""
+    client in a child process below the game's priority and on `cpus` (`process`), or on a
+    thread of the game's process (`thread`); closed on exit."""
     from mythic.control import AsyncIntentSource, ProcessIntentSource
 
     settings = controller.settings
     connect = functools.partial(connect_server, url, speaker_of, settings.player_id)
     wait = settings.request_timeout_s
     if kind == "process":
-        source: Any = ProcessIntentSource(connect, max_concurrency=16, max_wait_s=wait, nice=_NICE)
+        source: Any = ProcessIntentSource(
+            connect, max_concurrency=16, max_wait_s=wait, nice=_NICE, cpus=cpus
+        )
         source.start(controller)
         try:
             controller.source = source
@@ -284,6 +291,24 @@ def intent_source(
         source.close()
 
 
+@contextlib.contextmanager
+def pinned(cpus: Collection[int] | None) -> Iterator[bool]:
+    """Run the calling thread (the frame loop, and threads it starts) on `cpus` inside the
+    block, then on the cores it had; yields whether it was pinned (None: left alone)."""
+    from mythic.control import pin_thread
+
+    if cpus is None or not hasattr(os, "sched_getaffinity"):
+        yield False
+        return
+    before = os.sched_getaffinity(0)
+    done = pin_thread(cpus)
+    try:
+        yield done
+    finally:
+        if done:
+            pin_thread(before)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -296,20 +321,25 @@ def spawned_server(
     *,
     threads: int = 1,
     nice: int = _NICE,
+    cpus: Collection[int] | None = None,
     voice: bool = False,
     timeout_s: float = 300,
 ) -> Iterator[str]:
     """`mythic serve` in a process of its own (as a game would run it), its engines limited
-    to `threads` cores so the game keeps the rest, and below the game's priority (`nice`, on
-    POSIX) so the frame loop wins a contended core; yields its WebSocket URL once ready.
+    to `threads` cores so the game keeps the rest, below the game's priority (`nice`, on
+    POSIX) so the frame loop wins a contended core, and pinned to `cpus` (Linux) so it never
+    takes the frame loop's; yields its WebSocket URL once ready.
 
     Raises:
         MythicError: the server exited or was not ready within `timeout_s`.
     """
     import httpx
 
+    from mythic.control import Placement
+
     port = free_port()
     env = {**os.environ, "MYTHIC_ENGINE__N_THREADS": str(threads)}
+    placement = Placement(nice, frozenset(cpus) if cpus is not None else None)
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
             [
@@ -319,7 +349,7 @@ def spawned_server(
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=(lambda: os.nice(nice)) if nice and os.name == "posix" else None,
+            preexec_fn=placement.apply if os.name == "posix" else None,
         )
         try:
             deadline = time.monotonic() + timeout_s
@@ -356,6 +386,9 @@ class SimRun:
     seconds: float
     frame_s: list[float] = field(default_factory=list)
     """The controller's time per frame."""
+    cpu_s: list[float] = field(default_factory=list)
+    """The frame loop thread's CPU time per frame: below `frame_s` by the time the thread
+    waited (another thread or process had its core, or it waited for the GIL)."""
     stats: Any = None
     """`ControllerStats` at the end."""
     applied_before: int = 0
@@ -363,6 +396,15 @@ class SimRun:
     @property
     def over_budget(self) -> int:
         return sum(1 for s in self.frame_s if s > FRAME_BUDGET_S)
+
+    @property
+    def preempted(self) -> int:
+        """Frames over budget whose own work (CPU time) was within it: the thread waited."""
+        return sum(
+            1
+            for s, cpu in zip(self.frame_s, self.cpu_s, strict=True)
+            if s > FRAME_BUDGET_S >= cpu
+        )
 
     @property
     def applied_per_s(self) -> float:
@@ -390,7 +432,7 @@ def run_paced(
     run = SimRun(len(controller.crowd), seconds)
     run.applied_before = controller.stats().applied
     period = 1.0 / fps
-    clock = time.perf_counter
+    clock, thread_time = time.perf_counter, time.thread_time
     began = clock()
     next_frame = began
     last_check = -math.inf
@@ -404,9 +446,10 @@ def run_paced(
             break
         position, velocity, facing = path.at(start_s + elapsed)
         player = Player(position, velocity, facing)
-        started = clock()
+        started, cpu = clock(), thread_time()
         controller.frame(now - previous, now, player)
         run.frame_s.append(clock() - started)
+        run.cpu_s.append(thread_time() - cpu)
         previous = now
         if recorder is not None:
             recorder.sample(elapsed, position)

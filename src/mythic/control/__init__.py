@@ -42,6 +42,7 @@ from mythic.control._archetypes import (
     behaviour_for,
 )
 from mythic.control._controller import INTENTS, Controller, ControllerStats
+from mythic.control._cores import CoreSplit, Placement, pin_thread, split_cores
 from mythic.control._crowd import NO_TARGET, PLACE, PLAYER, Crowd, StalkPhase, Tier
 from mythic.control._intents import (
     AsyncIntentSource,
@@ -74,6 +75,7 @@ __all__ = [
     "ControlSettings",
     "Controller",
     "ControllerStats",
+    "CoreSplit",
     "Crowd",
     "Fetch",
     "FetchPool",
@@ -82,6 +84,7 @@ __all__ = [
     "IntentSink",
     "IntentSource",
     "InteractionPredictor",
+    "Placement",
     "Player",
     "Policy",
     "PredictionCounters",
@@ -93,4 +96,6 @@ __all__ = [
     "TierBand",
     "assign_tiers",
     "behaviour_for",
+    "pin_thread",
+    "split_cores",
 ]

@@ -288,6 +288,9 @@ class Controller:
         if not math.isfinite(now):
             raise ValueError(f"now must be finite, got {now}")
         blend_s = self.settings.blend_s
+        poll = getattr(self.source, "poll", None)
+        if poll is not None:  # a source that hands answers over on the frame loop's thread
+            poll()
         for row, update in self.intents.drain(now).items():
             self._apply(row, update)
         self.crowd.apply_defaults(self.intents.expire(now), blend_s=blend_s)

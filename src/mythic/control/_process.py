@@ -13,16 +13,16 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
-import os
 import pickle
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractAsyncContextManager
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Literal
 
 from mythic.contracts import IntentRequest, IntentUpdate
+from mythic.control._cores import Placement, pin_thread
 from mythic.control._crowd import Tier
 from mythic.control._intents import (
     Fetch,
@@ -45,9 +45,15 @@ class ProcessIntentSource:
 
     `connect` is called there and yields the async `fetch`, as for `AsyncIntentSource`; up to
     `max_concurrency` fetches run at once, most urgent tier first, and a request queued longer
-    than `max_wait_s` fails unfetched. `submit` pickles the request into a pipe and returns;
-    a reader thread in the game's process hands answers to the sink's `deliver` and failures
-    to `fail`. The child runs at `nice` (on POSIX), below the frame loop.
+    than `max_wait_s` fails unfetched. `submit` pickles the request into a pipe and returns.
+    Answers go to the sink's `deliver` and failures to `fail` when `poll()` reads them, on the
+    frame loop's thread (`answers="poll"`, the default: `Controller.frame` polls first thing),
+    or as they arrive, from a reader thread in the game's process (`answers="thread"`, for a
+    sink that is not a `Controller`; that thread competes with frames for the GIL and, unless
+    `cpus` moves it off the frame loop's cores, for a core). The child runs at `nice` (on
+    POSIX), below the frame loop, and on `cpus` where the OS can pin a process (Linux): give
+    it cores other than the frame loop's, so its work never preempts a frame (`split_cores`
+    picks them).
 
     If the child dies, every request it held fails with `ConnectionError`, as does every
     later `submit`: the NPCs fall back to their archetype defaults and the game goes on.
@@ -72,15 +78,23 @@ class ProcessIntentSource:
         max_concurrency: int = 4,
         max_wait_s: float | None = None,
         nice: int = 0,
+        cpus: Collection[int] | None = None,
+        answers: Literal["poll", "thread"] = "poll",
         name: str = "mythic-intents",
     ) -> None:
         check_pool(max_concurrency, max_wait_s)
         if not 0 <= nice <= 19:
             raise ValueError("nice must be between 0 and 19")
+        if cpus is not None and (not cpus or min(cpus) < 0):
+            raise ValueError("cpus must name at least one core, each >= 0")
         self._connect = connect
         self._max_concurrency = max_concurrency
         self._max_wait_s = max_wait_s
         self._nice = nice
+        if answers not in ("poll", "thread"):
+            raise ValueError(f"answers must be 'poll' or 'thread', not {answers!r}")
+        self._cpus = frozenset(cpus) if cpus is not None else None
+        self._answers = answers
         self._name = name
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -119,7 +133,13 @@ class ProcessIntentSource:
             parent, child = context.Pipe(duplex=True)
             process = context.Process(
                 target=_child_main,
-                args=(child, self._connect, self._max_concurrency, self._max_wait_s, self._nice),
+                args=(
+                    child,
+                    self._connect,
+                    self._max_concurrency,
+                    self._max_wait_s,
+                    Placement(self._nice, self._cpus),
+                ),
                 name=self._name,
                 daemon=True,
             )
@@ -140,10 +160,11 @@ class ProcessIntentSource:
             raise ConnectionError(f"the intent process could not start: {detail}")
         with self._lock:
             self._conn = parent
-            self._reader = threading.Thread(
-                target=self._read, args=(parent,), name=f"{self._name}-reader", daemon=True
-            )
-            self._reader.start()
+            if self._answers == "thread":
+                self._reader = threading.Thread(
+                    target=self._read, args=(parent,), name=f"{self._name}-reader", daemon=True
+                )
+                self._reader.start()
 
     def submit(self, request: IntentRequest, tier: Tier) -> None:
         """Send a request to the child; return at once. Fails the request (through the sink)
@@ -188,34 +209,74 @@ class ProcessIntentSource:
 
     # -- the reader thread ------------------------------------------------------------------
 
+    def poll(self, max_messages: int = 64) -> int:
+        """Hand the answers that have arrived (at most `max_messages`) to the sink, without
+        blocking; the number handed. `Controller.frame` calls it first thing, so answers are
+        read on the frame loop's thread, between frames' work, and no thread of the source
+        ever competes with a frame (for the GIL or a core). A no-op with a reader thread
+        (`answers="thread"`) or once closed.
+        """
+        conn = self._conn
+        if self._reader is not None or conn is None or self._closed or self._dead:
+            return 0
+        handed = 0
+        try:
+            while handed < max_messages and conn.poll(0):
+                if not self._handle(conn):
+                    self._gone()
+                    break
+                handed += 1
+        except (EOFError, OSError):
+            self._gone()
+        return handed
+
     def _read(self, conn: Connection) -> None:
-        sink = self._sink
-        assert sink is not None
+        if self._cpus is not None:
+            # Off the frame loop's cores: waking up to read an answer must not preempt a frame.
+            pin_thread(self._cpus)
         while True:
             try:
-                message = conn.recv()
+                if not self._handle(conn):
+                    break
             except (EOFError, OSError):
                 break
-            except Exception:  # an unreadable message must not kill the reader
-                log.exception("unreadable message from the intent process")
-                continue
-            kind = message[0]
-            if kind == "ok":
-                update: IntentUpdate = message[1]
-                if update.request_id is not None:
-                    with self._lock:
-                        self._outstanding.pop(update.request_id, None)
-                sink.deliver(update)
-            elif kind == "fail":
-                request: IntentRequest = message[1]
-                error: BaseException = message[2]
+        self._gone()
+
+    def _handle(self, conn: Connection) -> bool:
+        """Read one message and act on it; False when the child said it closed.
+
+        Raises:
+            EOFError, OSError: the pipe is closed (the child is gone).
+        """
+        sink = self._sink
+        assert sink is not None
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            raise
+        except Exception:  # an unreadable message must not stop the answers
+            log.exception("unreadable message from the intent process")
+            return True
+        kind = message[0]
+        if kind == "ok":
+            update: IntentUpdate = message[1]
+            if update.request_id is not None:
                 with self._lock:
-                    self._outstanding.pop(request.request_id, None)
-                if isinstance(error, QueuedTooLongError):
-                    self.expired_in_queue += 1
-                sink.fail(request, error)
-            elif kind == "closed":
-                break
+                    self._outstanding.pop(update.request_id, None)
+            sink.deliver(update)
+        elif kind == "fail":
+            request: IntentRequest = message[1]
+            error: BaseException = message[2]
+            with self._lock:
+                self._outstanding.pop(request.request_id, None)
+            if isinstance(error, QueuedTooLongError):
+                self.expired_in_queue += 1
+            sink.fail(request, error)
+        return bool(kind != "closed")
+
+    def _gone(self) -> None:
+        if self._dead:
+            return
         if not self._closed:
             log.error("the intent process exited; NPCs keep their archetype defaults")
         self._dead = True
@@ -272,11 +333,13 @@ def _portable(error: BaseException | None) -> BaseException:
 
 
 def _child_main(
-    conn: Connection, connect: Connect, max_concurrency: int, max_wait_s: float | None, nice: int
+    conn: Connection,
+    connect: Connect,
+    max_concurrency: int,
+    max_wait_s: float | None,
+    placement: Placement,
 ) -> None:
-    if nice and hasattr(os, "nice"):
-        with contextlib.suppress(OSError):
-            os.nice(nice)
+    placement.apply()
     try:
         asyncio.run(_child_serve(conn, connect, max_concurrency, max_wait_s))
     except KeyboardInterrupt:  # the game's Ctrl-C reaches the whole process group
