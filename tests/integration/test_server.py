@@ -33,7 +33,7 @@ from mythic.contracts import (
 )
 from mythic.dialogue import INTERRUPTED_NOTE, ReplySink
 from mythic.engine import Engine
-from mythic.knowledge import load_world
+from mythic.knowledge import Query, load_world
 from mythic.memory import Memory
 from mythic.route import EmbeddedEndpoint, Endpoint, Router
 from mythic.server import Gateway, serving
@@ -151,13 +151,14 @@ async def test_a_turn_with_a_waypoint_tool_call_and_its_ack(
             events = [event async for event in turn]
         # The history holds the line, the reply, the tool's result and the voiced follow-up.
         history = list(gateway.cast.actors["marla"].histories[client.session_id])
-    # The line, the reply, the tool's result, the voiced follow-up; the scene and the lore
-    # went into that turn's prompt only.
-    assert [m.role for m in history] == ["user", "assistant", "system", "assistant"]
+    # The context told (lore, scene), the line, the reply, the tool's result, the voiced
+    # follow-up: what the turn told stays with its exchange, so it is not told again.
+    assert [m.role for m in history] == ["system", "user", "assistant", "system", "assistant"]
     context = gateway.cast.actors["marla"].last_context
     assert context is not None and "## Scene" in context.content
     assert '"zone":"old_town"' in context.content and "player (1.2 away)" in context.content
-    assert history[2].content == (
+    assert history[0] == context
+    assert history[3].content == (
         'Game event: set_waypoint {"target": "blackfen_marsh"} -> ok {"distance_m": 140}'
     )
     assert [c.name for c in calls] == ["set_waypoint"], turn.text
@@ -270,8 +271,13 @@ async def test_a_cutoff_stops_the_turn_and_a_new_line_barges_in(
     said = [m.content for m in history if m.role == "assistant"]
     assert said[0] == f"{cut_text.strip()} {INTERRUPTED_NOTE}"
     assert [m.content for m in history if m.role == "user"][-1] == "Never mind. Good night!"
-    # Only what was said is in the history (the scene and lore go into each prompt).
-    assert "system" not in [m.role for m in history]
+    # What was said, each exchange after the context it told (lore, scene) if any.
+    assert {m.role for m in history} <= {"system", "user", "assistant"}
+    assert all(
+        m.content.startswith(("## Lore", "## More Lore", "## Scene"))
+        for m in history
+        if m.role == "system"
+    )
     await until(lambda: not gateway.engine.metrics().running)
 
 
@@ -297,9 +303,11 @@ async def test_two_npcs_in_parallel_keep_separate_histories(
             ("grisk", "What do you sell in the Bone Market?", texts[1]),
         ):
             history = gateway.cast.actors[npc_id].histories[client.session_id]
-            # The line, the reply, and (when the NPC called a tool) the result and follow-up.
+            # The context told, the line, the reply, and (when the NPC called a tool) the
+            # result and follow-up.
             assert [m.content for m in history if m.role == "user"] == [line]
-            assert history[1].role == "assistant" and len(history) in (2, 4)
+            assert [m.role for m in history[:3]] == ["system", "user", "assistant"]
+            assert "## Lore" in history[0].content and len(history) in (3, 5)
             said = [m.content for m in history if m.role == "assistant"]
             assert all(part.strip() in text for part in said)
         marla_state = await _npc(address, "marla")
@@ -422,8 +430,9 @@ async def test_http_endpoints(server: tuple[str, Gateway]) -> None:
         # Whichever arrived last was answered in full.
         assert any(r.json()["text"] and r.json()["finish_reason"] != "cutoff" for r in both)
         state = (await http.get("/v1/npcs/marla")).json()
-        # Two exchanges (the scene goes into each prompt, not the history).
-        assert state["history_messages"]["http.alice"] == 4
+        # Two exchanges, the first after the lore and scene it told; the second told only
+        # lore the first had not (if any), and not the unchanged scene again.
+        assert state["history_messages"]["http.alice"] in (5, 6)
         assert (await http.post("/v1/npcs/marla/say", json={"text": ""})).status_code == 422
         assert (await http.post("/v1/npcs/marla/say", json={"text": "  \n"})).status_code == 422
         too_long = {"text": "a" * 4001}
@@ -562,3 +571,79 @@ async def test_a_client_that_disconnects_mid_turn_leaves_nothing_running(
     await until(lambda: not gateway.engine.metrics().running and marla.busy_session is None)
     assert gateway.cast.actors["marla"].state.value == "idle"
     assert gateway.metrics.open_connections == 0
+
+
+# -- a line prepared while the player speaks -----------------------------------------------------
+
+
+async def test_a_line_prepared_while_the_player_speaks_starts_from_its_kv(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """The prompt prepared from partial transcripts (memory, lore for the words so far, the
+    KV of everything before the line) is the turn's: when the line comes, only the line and
+    the lore it retrieves beyond the prepared lore are evaluated, and that lore is all in
+    the prompt, now or in an earlier exchange. Without a warm-up the same line evaluates all
+    of it when it comes."""
+    talk = engines[0]
+    line = "Where can I buy silver in the Bone Market?"
+    partial = "Where can I buy"
+
+    async def evaluated(say: Callable[[], Any]) -> int:
+        before = talk.metrics()
+        await say()
+        after = talk.metrics()
+        prompt = after.prompt_tokens - before.prompt_tokens
+        return prompt - (after.cached_prompt_tokens - before.cached_prompt_tokens)
+
+    async with (
+        running(engines, settings, chat=_chat(settings)) as (address, gateway),
+        httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http,
+    ):
+
+        async def say(session: str) -> None:
+            reply = await http.post(
+                "/v1/npcs/marla/say", json={"text": line, "session_id": session}
+            )
+            assert reply.status_code == 200 and reply.json()["text"], reply.text
+
+        await say("warm")  # both sessions have a history, so both have KV to reuse
+        await say("cold")
+        actor = gateway.cast.actor("marla")
+        gateway.cast.prepare("http.warm", "marla", "Where can")
+        gateway.cast.prepare("http.warm", "marla", partial)  # the newest partial wins
+        await until(lambda: actor.warm_ups >= 1 and actor.state.name == "IDLE")
+        await until(lambda: actor._warm_task is None or actor._warm_task.done())
+        warm_ups = actor.warm_ups
+        gateway.cast.prepare("http.warm", "marla", partial)  # prepared already: no request
+        await until(lambda: actor._warm_task is None or actor._warm_task.done())
+        assert actor.warm_ups == warm_ups
+        warm = await evaluated(lambda: say("warm"))
+        told = "\n".join(m.content for m in actor.histories["http.warm"] if m.role == "system")
+        cold = await evaluated(lambda: say("cold"))
+        knowledge = gateway.cast.knowledge
+        assert knowledge is not None
+        whole = knowledge.context("marla", Query(line, None), scene=actor.scene.state()).lore
+    assert whole is not None
+    for fact in whole.splitlines()[1:]:  # every line the whole line retrieves was told
+        assert fact in told, fact
+    assert cold > warm, (warm, cold)
+    assert warm_ups <= 2
+
+
+async def test_a_warm_up_never_delays_or_changes_a_turn_already_running(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """A partial that arrives while the NPC answers is dropped; the answer is the same."""
+    async with (
+        running(engines, settings, chat=_chat(settings)) as (address, gateway),
+        MythicClient(f"ws://{address}/v1/ws", timeout_s=60) as client,
+    ):
+        actor = gateway.cast.actor("marla")
+        async with asyncio.timeout(120):
+            turn = await client.say("marla", "Tell me about the cellar.")
+            await until(lambda: actor.busy_session is not None)
+            gateway.cast.prepare(client.session_id, "marla", "And the rooms upstairs?")
+            events = [event async for event in turn]
+        await until(lambda: actor.state.name == "IDLE")
+    assert actor.warm_ups == 0
+    assert isinstance(events[-1], LLMStreamDelta) and events[-1].final

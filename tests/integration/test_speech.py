@@ -30,6 +30,7 @@ from mythic.speech import (
     SpeechChunk,
     SpeechEnded,
     SpeechError,
+    SpeechPaused,
     SpeechSettings,
     SpeechStarted,
     SpeechWorkerError,
@@ -125,9 +126,14 @@ async def test_one_spoken_question_is_one_utterance(question: bytes) -> None:
     endpointer = Endpointer(SETTINGS)
     events = endpointer.feed(silence(1.0) + question + silence(1.0))
     events += endpointer.flush()
+    pauses = [e for e in events if isinstance(e, SpeechPaused)]
+    events = [e for e in events if not isinstance(e, SpeechPaused)]
     assert [type(e) for e in events] == [SpeechStarted, SpeechEnded]
     ended = events[1]
     assert isinstance(ended, SpeechEnded) and ended.reason == "silence"
+    # The last pause is the one the endpoint ends (perhaps after pauses between words).
+    assert pauses and (pauses[-1].at_s, pauses[-1].started_s) == (ended.at_s, ended.started_s)
+    assert ended.pcm.startswith(pauses[-1].pcm)
     spoken = len(question) / 32000
     assert ended.duration_s == pytest.approx(spoken, abs=0.5)
     assert events[0].at_s == pytest.approx(1.0, abs=0.4)
@@ -148,7 +154,7 @@ async def test_silence_and_white_noise_are_no_utterance() -> None:
 @pytest.mark.usefixtures("vad")
 async def test_the_final_transcript_has_the_words(asr: ASRPool, question: bytes) -> None:
     endpointer = Endpointer(SETTINGS)
-    (_, ended) = endpointer.feed(silence(0.5) + question + silence(1.0))
+    ended = endpointer.feed(silence(0.5) + question + silence(1.0))[-1]
     assert isinstance(ended, SpeechEnded)
     async with asyncio.timeout(60):
         transcript = await asr.transcribe(ended.pcm, 16000)
@@ -212,6 +218,36 @@ async def test_partials_stream_while_the_player_speaks(asr: ASRPool, tts: TTSPoo
     final = events[-1]
     assert isinstance(final, FinalTranscript) and final.error is None
     assert "river" in final.transcript.text.lower(), texts
+
+
+@pytest.mark.usefixtures("vad")
+async def test_the_final_is_the_early_transcript_and_as_good(asr: ASRPool, question: bytes) -> None:
+    events: list[HeardEvent] = []
+    async with Listener(asr, SETTINGS) as listener:
+        audio = silence(0.5) + question + silence(1.0)
+        for i in range(0, len(audio), 640):  # 20 ms packets, as a client sends them
+            listener.feed(audio[i : i + 640])
+            with contextlib.suppress(TimeoutError):
+                events.append(await asyncio.wait_for(anext(listener), 0.02))
+        listener.end()
+        async with asyncio.timeout(60):
+            events += [event async for event in listener]
+    finals = [e for e in events if isinstance(e, FinalTranscript)]
+    pauses = [e for e in events if isinstance(e, SpeechPaused)]
+    assert len(finals) == 1 and pauses, [type(e).__name__ for e in events]
+    final = finals[0]
+    assert final.early and final.error is None
+    assert final.ended.reason == "silence"
+    assert final.transcript.duration_s == pytest.approx(pauses[-1].duration_s, abs=0.01)
+    # As good as a transcript of the audio at the endpoint (`speech_pad_ms` of silence).
+    async with asyncio.timeout(60):
+        late = await asr.transcribe(final.ended.pcm, 16000)
+    assert "mill" in final.transcript.text.lower(), final.transcript.text
+    assert words(final.transcript.text) == words(late.text)
+
+
+def words(text: str) -> list[str]:
+    return "".join(c for c in text.lower() if c.isalnum() or c.isspace()).split()
 
 
 # -- speaking ---------------------------------------------------------------------------------

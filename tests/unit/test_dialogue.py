@@ -154,8 +154,22 @@ def test_a_short_first_sentence_goes_out_at_once() -> None:
     assert buffer.push("Mm-hm. ", 0.0) == ["Mm-hm."]
 
 
-def test_sentences_are_held_for_min_s_and_coalesced_two_at_most() -> None:
+def test_the_first_phrase_goes_at_its_first_clause_or_sentence() -> None:
     buffer = PhraseBuffer(min_s=0.2, max_s=0.4)
+    assert buffer.push("Well, ", 0.0) == []  # one word is no phrase
+    assert buffer.push("the tavern opens at dusk, ", 0.01) == ["Well, the tavern opens at dusk,"]
+    # Later phrases wait as before: a clause only after max_s.
+    assert buffer.push("and the cellar, ", 0.02) == []
+    assert buffer.push("never. ", 0.03) == []
+    assert buffer.push("Pay ", 0.30) == ["and the cellar, never."]
+    assert buffer.flush() == "Pay"
+    assert PhraseBuffer().push("The tavern opens at the sixth bell. ", 0.0) == [
+        "The tavern opens at the sixth bell."
+    ]
+
+
+def test_sentences_are_held_for_min_s_and_coalesced_two_at_most() -> None:
+    buffer = PhraseBuffer(min_s=0.2, max_s=0.4, eager_first=False)
     assert buffer.push("The tavern opens at the sixth bell. ", 0.00) == []
     # Within min_s, a second sentence completes: both go out together.
     assert buffer.push("Curfew falls at ten. Pay ", 0.10) == [

@@ -29,6 +29,7 @@ from mythic.knowledge import (
     chunk_text,
     fit_tokens,
     load_world,
+    lore_beyond,
     pack,
 )
 from tests.unit.test_world import GOOD_CARD, make_world
@@ -337,3 +338,17 @@ def test_probe_matching() -> None:
     assert not style_checks(style, "Jory Quill, friend, is the one you want.", ["friend"])[
         "taboo_kept"
     ]
+
+
+def test_lore_beyond_keeps_only_the_new_lines_under_their_sources() -> None:
+    prepared = "## Lore\nFrom Old Town:\nThe tavern is old.\nFrom The Mill:\nIt burned."
+    whole = (
+        "## Lore\nFrom The Mill:\nIt burned.\nThe miller fled.\n"
+        "From Old Town:\nThe tavern is old.\nFrom The Market:\nSilver is sold at dawn."
+    )
+    assert lore_beyond(prepared, whole) == (
+        "## More Lore\nFrom The Mill:\nThe miller fled.\nFrom The Market:\nSilver is sold at dawn."
+    )
+    assert lore_beyond(whole, prepared) is None  # nothing new
+    assert lore_beyond(prepared, None) is None
+    assert lore_beyond(None, "## Lore\nA fact.") == "## More Lore\nA fact."

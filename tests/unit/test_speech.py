@@ -35,6 +35,7 @@ from mythic.speech import (
     SpeechError,
     SpeechInputError,
     SpeechModelError,
+    SpeechPaused,
     SpeechPoolClosedError,
     SpeechSettings,
     SpeechStarted,
@@ -63,6 +64,11 @@ RATE = 16000
 
 def silence(seconds: float) -> bytes:
     return bytes(2 * round(RATE * seconds))
+
+
+def frames(count: int) -> float:
+    """Seconds in `count` 32 ms VAD frames."""
+    return count * 512 / RATE
 
 
 def tone(seconds: float) -> bytes:
@@ -313,6 +319,18 @@ def test_settings_are_validated() -> None:
     assert SpeechSettings().trailing_silence_ms == 300
 
 
+def test_the_early_final_must_come_before_the_endpoint() -> None:
+    assert SpeechSettings().early_final_ms == 128
+    with pytest.raises(ValidationError, match=r"early_final_ms \(300\) must be below"):
+        SpeechSettings(early_final_ms=300)
+    with pytest.raises(ValidationError, match="early_final_ms"):
+        SpeechSettings(trailing_silence_ms=100)  # below the default early final
+    with pytest.raises(ValidationError):
+        SpeechSettings(early_final_ms=-1)
+    assert SpeechSettings(trailing_silence_ms=100, early_final_ms=0).early_final_ms == 0
+    assert SpeechSettings(trailing_silence_ms=400, early_final_ms=399).early_final_ms == 399
+
+
 # -- bad input --------------------------------------------------------------------------------
 
 
@@ -366,8 +384,8 @@ def test_silence_only_is_no_utterance() -> None:
 def test_one_utterance_between_silences() -> None:
     ep = endpointer()
     events = ep.feed(silence(1.0) + tone(1.0) + silence(1.0))
-    assert [type(e) for e in events] == [SpeechStarted, SpeechEnded]
-    started, ended = events
+    assert [type(e) for e in events] == [SpeechStarted, SpeechPaused, SpeechEnded]
+    started, _, ended = events
     assert isinstance(started, SpeechStarted) and isinstance(ended, SpeechEnded)
     assert started.at_s == pytest.approx(1.0, abs=0.04)
     assert ended.at_s == pytest.approx(2.0, abs=0.04)
@@ -384,9 +402,64 @@ def test_a_blip_shorter_than_min_speech_is_no_utterance() -> None:
 def test_a_pause_shorter_than_the_trailing_silence_keeps_one_utterance() -> None:
     ep = endpointer()
     events = ep.feed(tone(0.5) + silence(0.2) + tone(0.5) + silence(1.0))
-    assert [type(e) for e in events] == [SpeechStarted, SpeechEnded]
+    assert [type(e) for e in events] == [SpeechStarted, SpeechPaused, SpeechPaused, SpeechEnded]
     events = ep.feed(tone(0.5) + silence(0.6) + tone(0.5) + silence(1.0))
-    assert [type(e) for e in events] == [SpeechStarted, SpeechEnded] * 2
+    assert [type(e) for e in events] == [SpeechStarted, SpeechPaused, SpeechEnded] * 2
+
+
+def test_a_pause_comes_after_early_final_ms_of_silence_with_the_audio_so_far() -> None:
+    ep = endpointer()  # 32 ms frames: speech_pad_ms 200 is 6, early_final_ms 128 is 4
+    audio = silence(frames(32)) + tone(frames(32)) + silence(frames(20))
+    events = ep.feed(audio[: 67 * 1024])  # 3 frames of silence after the speech
+    assert [type(e) for e in events] == [SpeechStarted]
+    assert not ep.paused
+    (paused,) = ep.feed(audio[67 * 1024 : 68 * 1024])  # the 4th
+    assert isinstance(paused, SpeechPaused) and ep.paused and ep.in_speech
+    assert paused.started_s == pytest.approx(frames(32))
+    assert paused.at_s == pytest.approx(frames(64))
+    # 6 frames of padding before the speech, 4 (early_final_ms) of silence after it.
+    assert paused.pcm == audio[26 * 1024 : 68 * 1024]
+    assert paused.duration_s == pytest.approx(frames(42))
+    (ended,) = ep.feed(audio[68 * 1024 :])  # the 9th silent frame is the endpoint
+    assert isinstance(ended, SpeechEnded) and ended.reason == "silence"
+    assert (ended.at_s, ended.started_s) == (paused.at_s, paused.started_s)
+    assert ended.pcm == audio[26 * 1024 : 70 * 1024]
+    assert not ep.paused
+
+
+def test_each_pause_in_an_utterance_is_an_event() -> None:
+    ep = endpointer()
+    audio = tone(frames(20)) + silence(frames(5)) + tone(frames(10)) + silence(frames(12))
+    events = ep.feed(audio)
+    assert [type(e) for e in events] == [SpeechStarted, SpeechPaused, SpeechPaused, SpeechEnded]
+    _, first, second, ended = events
+    assert isinstance(first, SpeechPaused) and isinstance(second, SpeechPaused)
+    assert first.at_s == pytest.approx(frames(20))
+    assert second.at_s == pytest.approx(frames(35))
+    assert second.started_s == first.started_s
+    assert second.pcm == audio[: 39 * 1024]  # the speech after the first pause included
+    assert isinstance(ended, SpeechEnded) and ended.at_s == second.at_s
+
+
+def test_a_pause_needs_no_more_than_the_speech_pad() -> None:
+    ep = endpointer(speech_pad_ms=64, early_final_ms=160)  # 2 frames of pad, 5 of pause
+    audio = tone(frames(10)) + silence(frames(12))
+    _, paused, ended = ep.feed(audio)
+    assert isinstance(paused, SpeechPaused) and isinstance(ended, SpeechEnded)
+    assert paused.pcm == audio[: 12 * 1024] == ended.pcm
+
+
+def test_no_pause_when_the_early_final_is_off_or_in_push_to_talk() -> None:
+    ep = endpointer(early_final_ms=0)
+    events = ep.feed(tone(1.0) + silence(0.25))
+    assert [type(e) for e in events] == [SpeechStarted]
+    assert not ep.paused
+    assert [type(e) for e in ep.feed(silence(1.0))] == [SpeechEnded]
+    ptt = Endpointer(SpeechSettings(), detector=Loudness(), push_to_talk=True)
+    ptt.press()
+    assert [type(e) for e in ptt.feed(tone(1.0) + silence(1.0) + tone(0.5))] == [SpeechStarted]
+    assert not ptt.paused
+    assert [type(e) for e in ptt.release()] == [SpeechEnded]
 
 
 def test_a_long_utterance_is_cut_at_the_maximum() -> None:
@@ -475,7 +548,10 @@ async def test_listener_events_come_in_order_with_partials_then_the_final() -> N
     assert all(p.utterance == 1 and p.transcript.partial for p in partials)
     finals = [e for e in events if isinstance(e, FinalTranscript)]
     assert [f.utterance for f in finals] == [1, 2]
-    assert finals[0].transcript.duration_s == pytest.approx(finals[0].ended.duration_s)
+    # The final is the early one, of the audio at the pause.
+    (paused,) = [e for e in events[:first_end] if isinstance(e, SpeechPaused)]
+    assert finals[0].early
+    assert finals[0].transcript.duration_s == pytest.approx(paused.duration_s)
     assert kinds.index("FinalTranscript") > first_end
 
 
@@ -509,6 +585,150 @@ async def test_a_failed_final_is_an_empty_transcript_with_the_error() -> None:
     final = events[-1]
     assert isinstance(final, FinalTranscript)
     assert final.transcript.text == "" and isinstance(final.error, SpeechWorkerError)
+
+
+class RecordingASR(FakeASR):
+    """Records each request; with `hold`, finals wait until `go` is set."""
+
+    def __init__(self, settings: SpeechSettings, *, hold: bool = False) -> None:
+        super().__init__(settings)
+        self.calls: list[tuple[bytes, bool]] = []  # (pcm, partial), in the order asked
+        self.cancelled = 0
+        self.final_asked = asyncio.Event()
+        self.go = asyncio.Event()
+        if not hold:
+            self.go.set()
+
+    async def transcribe(
+        self, pcm: bytes, sample_rate: int, *, partial: bool = False
+    ) -> Transcript:
+        self.calls.append((pcm, partial))
+        try:
+            if not partial:
+                self.final_asked.set()
+                await self.go.wait()
+            return await super().transcribe(pcm, sample_rate, partial=partial)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    @property
+    def finals(self) -> list[bytes]:
+        return [pcm for pcm, partial in self.calls if not partial]
+
+    async def asked(self) -> None:
+        """Wait until a final has been asked for."""
+        async with asyncio.timeout(5):
+            await self.final_asked.wait()
+
+
+async def read_all(listener: Listener) -> list[Any]:
+    async with asyncio.timeout(5):
+        return [event async for event in listener]
+
+
+@pytest.mark.parametrize("end", ["silence", "end_utterance", "end"])
+async def test_after_a_pause_with_no_more_speech_the_early_transcript_is_the_final(
+    end: str,
+) -> None:
+    asr = RecordingASR(SpeechSettings(partials=False), hold=True)
+    async with Listener(asr, detector=Loudness()) as listener:  # type: ignore[arg-type]
+        listener.feed(silence(0.5) + tone(1.0) + silence(0.2))
+        await asr.asked()  # the early final runs while the silence goes on
+        if end == "silence":
+            listener.feed(silence(1.0))
+        elif end == "end_utterance":
+            listener.end_utterance()
+        listener.end()
+        asr.go.set()  # it was still running at the endpoint: the listener waits for it
+        events = await read_all(listener)
+    assert [type(e) for e in events] == [SpeechStarted, SpeechPaused, SpeechEnded, FinalTranscript]
+    _, paused, ended, final = events
+    assert ended.reason == ("silence" if end == "silence" else "flush")
+    assert asr.finals == [paused.pcm]  # asked once, for the audio at the pause
+    assert final.early and final.error is None and final.ended is ended
+    assert final.transcript.duration_s == pytest.approx(paused.duration_s)
+
+
+async def test_speech_after_a_pause_drops_the_early_transcript() -> None:
+    asr = RecordingASR(SpeechSettings(partials=False), hold=True)
+    async with Listener(asr, detector=Loudness()) as listener:  # type: ignore[arg-type]
+        listener.feed(silence(0.5) + tone(1.0) + silence(0.2))
+        await asr.asked()
+        listener.feed(tone(0.5))  # the player goes on: the early final is cancelled
+        listener.end_utterance()  # the client's endpoint, before any pause
+        listener.end()
+        asr.go.set()
+        events = await read_all(listener)
+    assert asr.cancelled == 1
+    assert [type(e) for e in events] == [SpeechStarted, SpeechPaused, SpeechEnded, FinalTranscript]
+    _, paused, ended, final = events
+    assert asr.finals == [paused.pcm, ended.pcm]
+    assert not final.early
+    assert final.transcript.duration_s == pytest.approx(ended.duration_s)
+    assert ended.duration_s > paused.duration_s + 0.5
+
+
+async def test_a_new_pause_replaces_the_early_transcript_of_the_last() -> None:
+    asr = RecordingASR(SpeechSettings(partials=False), hold=True)
+    async with Listener(asr, detector=Loudness()) as listener:  # type: ignore[arg-type]
+        listener.feed(tone(1.0) + silence(0.2) + tone(1.0) + silence(0.2))
+        await asr.asked()  # one feed: the first pause's was dropped before it started
+        listener.feed(silence(1.0))
+        listener.end()
+        asr.go.set()
+        events = await read_all(listener)
+    kinds = [type(e) for e in events]
+    assert kinds == [SpeechStarted, SpeechPaused, SpeechPaused, SpeechEnded, FinalTranscript]
+    second, final = events[2], events[-1]
+    assert asr.finals == [second.pcm]
+    assert final.early and final.transcript.duration_s == pytest.approx(second.duration_s)
+
+
+async def test_no_partial_after_a_pause_until_speech_goes_on() -> None:
+    asr = RecordingASR(SpeechSettings(partial_interval_ms=100))
+    async with Listener(asr, detector=Loudness()) as listener:  # type: ignore[arg-type]
+        audio = silence(0.3) + tone(1.0) + silence(0.29) + tone(1.0) + silence(1.0)
+        for i in range(0, len(audio), 640):
+            listener.feed(audio[i : i + 640])
+            await asyncio.sleep(0)
+        listener.end()
+        events = await read_all(listener)
+    kinds = [type(e) for e in events]
+    assert kinds.count(SpeechPaused) == 2 and kinds.count(FinalTranscript) == 1
+    partials = [partial for _, partial in asr.calls]
+    first, second = (i for i, partial in enumerate(partials) if not partial)
+    # Partials stop at the first pause, start again with the speech after it, stop at the
+    # second; none is heard while a pause lasts.
+    assert partials[first + 1 : second] and all(partials[first + 1 : second])
+    assert partials[second + 1 :] == []
+    paused_at = [i for i, kind in enumerate(kinds) if kind is SpeechPaused]
+    assert PartialTranscript not in kinds[paused_at[1] :]
+    final = events[-1]
+    assert final.early and asr.finals[-1] == events[paused_at[1]].pcm
+
+
+async def test_push_to_talk_has_no_early_final() -> None:
+    asr = RecordingASR(SpeechSettings(partials=False))
+    listener = Listener(asr, detector=Loudness(), push_to_talk=True)  # type: ignore[arg-type]
+    async with listener:
+        listener.press()
+        listener.feed(tone(1.0) + silence(1.0))
+        listener.release()
+        listener.end()
+        events = await read_all(listener)
+    assert [type(e) for e in events] == [SpeechStarted, SpeechEnded, FinalTranscript]
+    assert asr.finals == [events[1].pcm] and not events[-1].early
+
+
+async def test_closing_cancels_a_running_early_transcript() -> None:
+    asr = RecordingASR(SpeechSettings(partials=False), hold=True)
+    listener = Listener(asr, detector=Loudness())  # type: ignore[arg-type]
+    listener.feed(tone(1.0) + silence(0.2))
+    await asr.asked()
+    await listener.aclose()
+    assert asr.cancelled == 1
+    assert [type(e) for e in await read_all(listener)] == [SpeechStarted, SpeechPaused]
 
 
 # -- the worker pool, with a fake engine ------------------------------------------------------

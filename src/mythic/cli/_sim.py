@@ -401,9 +401,7 @@ class SimRun:
     def preempted(self) -> int:
         """Frames over budget whose own work (CPU time) was within it: the thread waited."""
         return sum(
-            1
-            for s, cpu in zip(self.frame_s, self.cpu_s, strict=True)
-            if s > FRAME_BUDGET_S >= cpu
+            1 for s, cpu in zip(self.frame_s, self.cpu_s, strict=True) if s > FRAME_BUDGET_S >= cpu
         )
 
     @property

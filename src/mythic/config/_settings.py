@@ -179,6 +179,13 @@ class DialogueSettings(_Section):
     phrase_max_s: float = Field(default=0.4, ge=0, le=5)
     """Reply text buffered before a clause is handed to speech synthesis."""
 
+    prefill_while_speaking: bool = True
+    """While the player is still speaking, compute the reply's prompt from their partial
+    transcript: the session's memory, the lore retrieved for the words so far, and the KV of
+    everything before their line (a one-token request on the dialogue tier). The reply's first
+    token then waits only for the line itself. A warm-up counts as a dialogue request in
+    `/v1/usage`; a partial that changes the retrieved lore warms again."""
+
 
 class ServerSettings(_Section):
     """`mythic serve`: the WebSocket and HTTP gateway."""
@@ -515,6 +522,13 @@ class SpeechSettings(_Section):
     trailing_silence_ms: int = Field(default=300, ge=64, le=5000)
     """Silence after speech that ends the utterance (the endpoint)."""
 
+    early_final_ms: int = Field(default=128, ge=0, le=5000)
+    """Silence after speech at which the final transcript is started early (`SpeechPaused`), on
+    the audio so far: if the utterance then ends with no more speech, that transcript is the
+    final, which so comes up to `trailing_silence_ms - early_final_ms` sooner; if speech goes
+    on, it is dropped (the ASR time is spent for nothing). Must be below
+    `trailing_silence_ms`; 0 turns it off. Not used in push-to-talk."""
+
     speech_pad_ms: int = Field(default=200, ge=0, le=1000)
     """Audio kept before the speech started and after it stopped, handed to ASR with it."""
 
@@ -586,6 +600,16 @@ class SpeechSettings(_Section):
     def _release_below_threshold(self) -> SpeechSettings:
         if self.vad_release > self.vad_threshold:
             raise ValueError("vad_release must not exceed vad_threshold")
+        return self
+
+    @model_validator(mode="after")
+    def _early_final_before_endpoint(self) -> SpeechSettings:
+        if self.early_final_ms >= self.trailing_silence_ms:
+            raise ValueError(
+                f"early_final_ms ({self.early_final_ms}) must be below trailing_silence_ms "
+                f"({self.trailing_silence_ms}): the early final starts in the silence before "
+                "the endpoint; 0 turns it off"
+            )
         return self
 
 

@@ -38,6 +38,7 @@ from mythic.dialogue._events import (
     AskIntent,
     Event,
     PlayerLine,
+    PrepareLine,
     SceneChange,
     SessionGone,
     StopTurn,
@@ -65,7 +66,16 @@ from mythic.engine import (
     Sampling,
     UnknownAdapterError,
 )
-from mythic.knowledge import Query, SceneState, intent_prompt, intent_schema, persona_prompt
+from mythic.knowledge import (
+    HEADERS,
+    MORE_LORE,
+    Query,
+    SceneState,
+    intent_prompt,
+    intent_schema,
+    lore_beyond,
+    persona_prompt,
+)
 from mythic.knowledge import SceneObject as KnownObject
 from mythic.memory import Fact, Memory
 from mythic.route import EndpointRejectedError, RoutedStream, canned_line
@@ -110,6 +120,25 @@ class Decision:
 
     intent: str
     tool: tuple[str, dict[str, Any]] | None
+
+
+@dataclass(slots=True, frozen=True)
+class _Told:
+    """A turn's context: the `## Lore` and `## Scene` sections, and the message carrying them
+    (None when both are empty)."""
+
+    lore: str | None
+    scene: str | None
+    message: ChatMessage | None
+
+    @property
+    def messages(self) -> list[ChatMessage]:
+        return [self.message] if self.message is not None else []
+
+
+def _told_of(lore: str | None, scene: str | None) -> _Told:
+    joined = "\n\n".join(s for s in (lore, scene) if s)
+    return _Told(lore, scene, ChatMessage("system", joined) if joined else None)
 
 
 @dataclass(slots=True)
@@ -158,6 +187,14 @@ class NPCActor:
         session's first line, so every later prompt extends the previous one."""
         self._intent_task: asyncio.Task[None] | None = None
         self._next_intent: AskIntent | None = None
+        self._warm_task: asyncio.Task[None] | None = None
+        self._warming: str | None = None
+        """The session whose prompt the warm-up is evaluating now."""
+        self._next_warm: PrepareLine | None = None
+        self._prepared: dict[str, _Told] = {}
+        """Per session, the context whose prompt the engine last prepared (`PrepareLine`)."""
+        self.warm_ups = 0
+        """Prompts prepared ahead of a line (`PrepareLine`) that reached the engine."""
         self._session_of_state: str | None = None
         self._turn_of_state: str | None = None
 
@@ -209,7 +246,7 @@ class NPCActor:
             Lane.SPEECH
             if isinstance(event, PlayerLine)
             else Lane.DATA
-            if isinstance(event, AskIntent)
+            if isinstance(event, AskIntent | PrepareLine)
             else Lane.SYSTEM
         )
         self.mailbox.put(event, lane)
@@ -219,6 +256,7 @@ class NPCActor:
         self.machine = DialogueStateMachine(self._state_changed)
         self._turn = None
         self._intent_task = self._next_intent = None
+        self._warm_task = self._next_warm = None
         self._session_of_state = self._turn_of_state = None
 
     # -- the loop ---------------------------------------------------------------------------
@@ -235,8 +273,9 @@ class NPCActor:
             finally:
                 # Cancel and await our children before the group exits.
                 await self._stop_turn("cancelled", announce=False)
-                if self._intent_task is not None:
-                    self._intent_task.cancel()
+                for task in (self._intent_task, self._warm_task):
+                    if task is not None:
+                        task.cancel()
 
     async def _handle(self, event: Event, tasks: asyncio.TaskGroup) -> None:
         match event:
@@ -270,6 +309,15 @@ class NPCActor:
                     self.scene.time = update.time
                 if update.objects is not None:
                     self.scene.objects = update.objects
+            case PrepareLine():
+                if self._turn is not None or not self.cast.settings.dialogue.prefill_while_speaking:
+                    return  # the engine is answering already: a warm-up would only slow it
+                if self._warm_task is None or self._warm_task.done():
+                    self._warm_task = tasks.create_task(
+                        self._warm(event), name=f"warm {self.npc_id}/{event.session_id}"
+                    )
+                else:
+                    self._next_warm = event  # the newest words win
             case AskIntent():
                 if self._intent_task is None or self._intent_task.done():
                     self._intent_task = tasks.create_task(self._serve_intent(event))
@@ -282,6 +330,7 @@ class NPCActor:
                     self._next_held(tasks)
                 if forget:
                     self.histories.pop(session_id, None)
+                    self._prepared.pop(session_id, None)
                     self._intents.pop(session_id, None)
                     self._memory_told.pop(session_id, None)
                     player = self._players.pop(session_id, None)
@@ -377,7 +426,7 @@ class NPCActor:
             self.machine.to(DialogueState.THINKING)
             if memory is not None and line.player_id is not None:
                 await self._recall(memory, session, line.player_id)
-            out.told = await self._context(line)
+            out.told = await self._told(session, line.text)
             decide = cast.settings.dialogue.decide
             async for text in self._generate(out, history, *out.told, user):
                 if decide and decision_task is None:
@@ -421,8 +470,8 @@ class NPCActor:
             kept = f"{said} {INTERRUPTED_NOTE}" if out.reason == "cutoff" and said else said
             if out.history_open:
                 history.append(ChatMessage("assistant", kept or "..."))
-            elif said:
-                history += [user, ChatMessage("assistant", kept)]
+            elif said:  # the context told stays with its exchange: it is not told again
+                history += [*out.told, user, ChatMessage("assistant", kept)]
             # Keep twice the exchanges a prompt uses; the oldest whole exchanges go first.
             starts = _exchange_starts(history)
             keep = 2 * cast.settings.chat.history_turns
@@ -448,18 +497,94 @@ class NPCActor:
                 told = self.cast.knowledge.fit_memory(self.npc_id, told)
             self._memory_told[session] = ChatMessage("system", told) if told else None
 
-    async def _context(self, line: PlayerLine) -> list[ChatMessage]:
-        """This turn's `## Lore` (retrieved for the line, the session's last intent and the
-        scene) and `## Scene`: one message just before the line, for this prompt only (the
-        history keeps the exchange, not the lore). Retrieval runs in a worker thread."""
+    async def _warm(self, prep: PrepareLine | None) -> None:
+        """Prepare the prompts of `PrepareLine`s, the newest waiting one after each, until none
+        is waiting or a turn starts. A failure only costs the warm-up: the turn does it all."""
+        while prep is not None and self._turn is None:
+            self._warming = prep.session_id
+            try:
+                await self._prepare(prep)
+            except (RequestError, EngineError, ContextOverflowError) as exc:
+                log.debug("%s: no warm-up for %s: %s", self.npc_id, prep.session_id, exc)
+            except MythicError as exc:  # no endpoint, knowledge trouble: the turn will tell
+                log.info("%s: no warm-up for %s: %s", self.npc_id, prep.session_id, exc)
+            finally:
+                self._warming = None
+            prep, self._next_warm = self._next_warm, None
+
+    async def _prepare(self, prep: PrepareLine) -> None:
+        """Evaluate the prompt a line to `prep.session_id` would get, up to the line: persona,
+        the session's memory, its history and the context retrieved for `prep.text`. Only
+        the KV is wanted (the engine keeps it per session, and the turn's prompt extends this
+        one); the token generated is dropped. Skipped when that context is already prepared.
+        """
+        session = prep.session_id
+        memory = self.cast.memory
+        if memory is not None and prep.player_id is not None:
+            await self._recall(memory, session, prep.player_id)
+        told = await self._context(session, prep.text)
+        if self._prepared.get(session) == told:
+            return
+        history = self.histories.get(session, [])
+        messages = self._reply_messages(session, history, *told.messages)
+        if messages is None:
+            return
+        request = GenerationRequest(
+            npc_id=self.npc_id,
+            session_id=session,
+            messages=messages,
+            priority=Priority.SILVER,
+            sampling=Sampling(max_tokens=1, temperature=0.0),
+        )
+        stream = await self._open(request, "dialogue", AdapterTask.DIALOGUE_STYLE, canned=None)
+        async with stream:
+            await stream.collect()
+        self._prepared[session] = told
+        self.warm_ups += 1
+        self.cast.stats.warm_ups += 1
+
+    async def _told(self, session: str, text: str) -> list[ChatMessage]:
+        """The context messages of a turn answering `text` (`_context`), or, when the prompt
+        was prepared while the player spoke (`PrepareLine`) with the same scene, the prepared
+        context (already evaluated) plus a `## More Lore` message with what `text` retrieves
+        beyond it.
+
+        A warm-up of this session still running is waited for: it is evaluating this turn's
+        prompt, which would otherwise be evaluated twice (cancelled, it would lose the
+        session's KV). Waiting warm-ups are dropped; one of another session is left to
+        finish. Cancelling the turn does not cancel the warm-up.
+        """
+        told = await self._context(session, text)
+        self._next_warm = None
+        task = self._warm_task
+        if task is not None and not task.done() and self._warming == session:
+            await asyncio.wait({task})
+        prepared = self._prepared.pop(session, None)  # the reply moves the session's KV on
+        messages = told.messages
+        if prepared is not None and prepared != told and prepared.scene == told.scene:
+            more = lore_beyond(prepared.lore, told.lore)
+            messages = [*prepared.messages, *([ChatMessage("system", more)] if more else [])]
+        self.last_context = (
+            ChatMessage("system", "\n\n".join(m.content for m in messages)) if messages else None
+        )
+        return messages
+
+    async def _context(self, session_id: str, text: str) -> _Told:
+        """What this turn's prompt tells beyond what the session's conversation told already:
+        the `## Lore` retrieved for `text` (with the session's last intent and the scene)
+        less the lines told in earlier exchanges still in the prompt (a `## More Lore`
+        section then), and the `## Scene` when it changed. One message just before the line;
+        it stays in the history with the exchange, so a fact is told (and evaluated) once
+        per conversation, not at every line. Retrieval runs in a worker thread."""
+        known_lore, known_scene = self._known(session_id)
         knowledge = self.cast.knowledge
         if knowledge is None or not self.cast.retrieval or self.npc_id not in knowledge.world.npcs:
             # No knowledge (or none on the dialogue tier), or an NPC a reload removed while
             # it still talks: the scene only.
             scene = self.scene.describe()
-            return [ChatMessage("system", scene)] if scene else []
-        told = self._memory_told.get(line.session_id)
-        query = Query(line.text, self._intents.get(line.session_id))
+            return _told_of(None, scene if scene != known_scene else None)
+        told = self._memory_told.get(session_id)
+        query = Query(text, self._intents.get(session_id))
         packed = await asyncio.to_thread(
             knowledge.context,
             self.npc_id,
@@ -467,9 +592,26 @@ class NPCActor:
             memory=told.content if told else None,
             scene=self.scene.state(),
         )
-        text = "\n\n".join(s for s in (packed.lore, packed.scene) if s)
-        self.last_context = ChatMessage("system", text) if text else None
-        return [self.last_context] if self.last_context else []
+        lore = lore_beyond(known_lore, packed.lore) if known_lore else packed.lore
+        return _told_of(lore, packed.scene if packed.scene != known_scene else None)
+
+    def _known(self, session_id: str) -> tuple[str | None, str | None]:
+        """The lore lines and the last scene told in the session's prompt window (the
+        exchanges its next prompt keeps)."""
+        history = self.histories.get(session_id, [])
+        keep = self.cast.settings.chat.history_turns
+        starts = _exchange_starts(history)[-keep:] if keep else []
+        lore: list[str] = []
+        scene = None
+        for message in history[starts[0] if starts else len(history) :]:
+            if message.role != "system":
+                continue
+            for section in message.content.split("\n\n"):
+                if section.startswith((HEADERS["lore"], MORE_LORE)):
+                    lore += section.splitlines()[1:]
+                elif section.startswith((HEADERS["scene"], "Scene now:")):
+                    scene = section
+        return ("\n".join(lore) if lore else None), scene
 
     def _reply_messages(
         self, session_id: str, history: list[ChatMessage], *tail: ChatMessage, drop: int = 0
@@ -525,6 +667,9 @@ class NPCActor:
                     yield delta.text
                 if delta.finish_reason == "length":
                     out.reason = "length"
+                if delta.prompt_tokens:
+                    self.cast.stats.reply_prompt_tokens += delta.prompt_tokens
+                    self.cast.stats.reply_cached_tokens += delta.cached_tokens
 
     async def _open(
         self, request: GenerationRequest, kind: str, task: AdapterTask, *, canned: str | None
@@ -662,7 +807,12 @@ class NPCActor:
         note = _tool_note(name, args, outcome)
         self._remember_tool(out.line, name, args, outcome, note)
         # The follow-up joins the history as the NPC's next words (in the turn's `finally`).
-        exchange = [user, ChatMessage("assistant", said or "..."), ChatMessage("system", note)]
+        exchange = [
+            *out.told,
+            user,
+            ChatMessage("assistant", said or "..."),
+            ChatMessage("system", note),
+        ]
         history += exchange
         out.restart()
         self.machine.to(DialogueState.SPEAKING)

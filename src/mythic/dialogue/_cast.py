@@ -31,7 +31,15 @@ from mythic.contracts import (
     ToolCall,
 )
 from mythic.dialogue._actor import NPCActor
-from mythic.dialogue._events import AskIntent, PlayerLine, SceneChange, SessionGone, StopTurn
+from mythic.dialogue._events import (
+    AskIntent,
+    PlayerLine,
+    PrepareLine,
+    SceneChange,
+    SessionGone,
+    StopTurn,
+)
+from mythic.dialogue._mailbox import MailboxClosedError, MailboxFullError
 from mythic.dialogue._tools import npc_tools
 from mythic.engine import ChatMessage, GenerationRequest, Priority, Sampling
 from mythic.knowledge import Knowledge, World
@@ -86,6 +94,13 @@ class DialogueStats:
     decision_failures: int = 0
     actor_restarts: int = 0
     phrases: int = 0
+    warm_ups: int = 0
+    """Reply prompts prepared while the player was still speaking (`PrepareLine`)."""
+    reply_prompt_tokens: int = 0
+    """Prompt tokens of replies, ..."""
+    reply_cached_tokens: int = 0
+    """... of them found in the KV cache (the session's earlier turns, a warm-up, a shared
+    persona prefix) rather than evaluated when the line came."""
     first_tokens: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
     """Seconds from a player line's arrival to its first reply delta."""
 
@@ -171,6 +186,19 @@ class Cast:
         self.actors[npc_id] = actor
         self._tasks[npc_id] = asyncio.create_task(self._supervise(actor), name=f"npc {npc_id}")
         return actor
+
+    def prepare(
+        self, session_id: str, npc_id: str, text: str, *, player_id: str | None = None
+    ) -> None:
+        """The player is still speaking to `npc_id`; `text` is what they said so far (a
+        partial transcript). The NPC prepares its answer's prompt meanwhile
+        (`dialogue.prefill_while_speaking`); a hint, dropped when the NPC is busy.
+
+        Raises:
+            UnknownNPCError: the world has no such NPC.
+        """
+        with contextlib.suppress(MailboxFullError, MailboxClosedError):
+            self.actor(npc_id).deliver(PrepareLine(session_id, text, player_id))
 
     def deliver(
         self,

@@ -23,6 +23,17 @@ class PlayerLine:
 
 
 @dataclass(slots=True, frozen=True)
+class PrepareLine:
+    """The player is still speaking; `text` is what they said so far (DATA lane: a newer one
+    supersedes). The NPC prepares the prompt of its answer, so the reply's first token does
+    not wait for memory, lore retrieval and the KV of everything before the line."""
+
+    session_id: str
+    text: str
+    player_id: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
 class StopTurn:
     """Stop the NPC's turn (SYSTEM lane): the player interrupted, or the game called it off."""
 
@@ -61,4 +72,4 @@ class TurnDone:
     """The running turn ended (SYSTEM lane, sent by the actor to itself)."""
 
 
-Event = PlayerLine | StopTurn | SceneChange | AskIntent | SessionGone | TurnDone
+Event = PlayerLine | PrepareLine | StopTurn | SceneChange | AskIntent | SessionGone | TurnDone

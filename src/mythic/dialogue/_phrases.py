@@ -13,10 +13,13 @@ class PhraseBuffer:
     """Collects deltas and hands out phrases.
 
     A phrase ends at a sentence boundary once `min_s` of text has built up, or at a clause
-    boundary once `max_s` has; one to two sentences are coalesced. A very short first sentence
-    ("Mm-hm.") goes out at once so a backchannel is not held back. `flush` returns the rest at
-    the end of the reply. Time is passed in (`now`, seconds) so the buffer stays I/O-free and
-    testable.
+    boundary once `max_s` has; one to two sentences are coalesced. The reply's first phrase
+    goes out at its first sentence or clause boundary (`eager_first`), so the NPC starts
+    speaking as soon as it can say something whole: the player waits for the first audio,
+    not for the later ones, which synthesis keeps ahead of playback. A very short first
+    sentence ("Mm-hm.") goes out at once so a backchannel is not held back. `flush` returns
+    the rest at the end of the reply. Time is passed in (`now`, seconds) so the buffer stays
+    I/O-free and testable.
     """
 
     def __init__(
@@ -26,8 +29,10 @@ class PhraseBuffer:
         max_s: float = 0.4,
         max_chars: int = 240,
         short_words: int = 3,
+        eager_first: bool = True,
     ) -> None:
         self.min_s = min_s
+        self.eager_first = eager_first
         self.max_s = max_s
         self.max_chars = max_chars
         self.short_words = short_words
@@ -61,6 +66,11 @@ class PhraseBuffer:
         if not self._text or self._since is None:
             return None
         waited = now - self._since
+        if self._emitted == 0 and self.eager_first:
+            ends = _SENTENCE_END.finditer(self._text), _CLAUSE_END.finditer(self._text)
+            for end in sorted(m.end() for found in ends for m in found):
+                if len(self._text[:end].split()) >= 2:  # "Well," alone is no phrase
+                    return end
         sentences = [m.end() for m in _SENTENCE_END.finditer(self._text)]
         if sentences:
             first = self._text[: sentences[0]]

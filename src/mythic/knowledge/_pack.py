@@ -360,3 +360,36 @@ def intent_prompt(
         + (", and a bark: a remark of a few words." if with_bark else ".")
     )
     return "\n".join(lines)
+
+
+MORE_LORE = "## More Lore"
+
+
+def lore_beyond(prepared: str | None, lore: str | None) -> str | None:
+    """The lines of a `## Lore` section `lore` that `prepared` (another `## Lore` section)
+    lacks, as a `## More Lore` section, each under its `From ...:` source; None when it lacks
+    none.
+
+    A reply prepared while the player spoke (lore retrieved for their words so far) keeps
+    that lore, already evaluated, and adds only what the whole line retrieves beyond it: every
+    line the whole line's retrieval found is in the prompt, and few new tokens are evaluated.
+    """
+    if not lore:
+        return None
+    known = set(prepared.splitlines()) if prepared else set()
+    lines: list[str] = []
+    source: str | None = None
+    told: str | None = None
+    for line in lore.splitlines():
+        if line in (HEADERS["lore"], MORE_LORE):
+            continue
+        if line.startswith("From ") and line.endswith(":"):
+            source = line
+            continue
+        if not line or line in known:
+            continue
+        if source is not None and source != told:
+            lines.append(source)
+            told = source
+        lines.append(line)
+    return "\n".join([MORE_LORE, *lines]) if lines else None

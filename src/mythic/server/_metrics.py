@@ -80,6 +80,19 @@ class _GatewayCollector(Collector):
         yield CounterMetricFamily(
             "mythic_phrases", "reply phrases handed to speech", value=stats.phrases
         )
+        yield CounterMetricFamily(
+            "mythic_warm_ups",
+            "reply prompts prepared while the player was still speaking",
+            value=stats.warm_ups,
+        )
+        prompt = CounterMetricFamily(
+            "mythic_reply_prompt_tokens",
+            "prompt tokens of replies: evaluated when the line came, or cached before it",
+            labels=["source"],
+        )
+        prompt.add_metric(["evaluated"], stats.reply_prompt_tokens - stats.reply_cached_tokens)
+        prompt.add_metric(["cached"], stats.reply_cached_tokens)
+        yield prompt
         yield from _quantiles(
             "mythic_turn_first_token_seconds",
             "player line received to first reply delta sent (recent turns)",

@@ -375,6 +375,10 @@ class _Channel:
         )
         if self.ducked is not None and not self.cut and not is_backchannel(text):
             self._cut_off()
+        if self.ducked is None or self.cut:
+            # The NPC prepares its answer's prompt while the player is still speaking.
+            with contextlib.suppress(MythicError):
+                self.hub.cast.prepare(self.session_id, self.npc_id, text, player_id=self.player_id)
 
     def _cut_off(self) -> None:
         speech, self.cut = self.ducked, True

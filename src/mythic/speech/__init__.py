@@ -3,9 +3,10 @@
 Speech in: `Listener` runs Silero VAD on a 16 kHz microphone stream (`Endpointer`: start after
 `min_speech_ms` of speech, end after `trailing_silence_ms` of silence, or push-to-talk), asks
 an `ASRPool` of Whisper worker processes for partial transcripts while the player speaks and
-a final transcript at the endpoint. Speech out: `TTSPool` speaks a phrase clause by clause in
-a `VoiceProfile` (Piper or espeak-ng, rate, pitch, a sox effect chain) and streams 40-80 ms
-PCM chunks with a viseme track (`VISEMES`, the Oculus/Meta set) for lip-sync.
+a final transcript at the endpoint (started early, at a pause of `early_final_ms`). Speech
+out: `TTSPool` speaks a phrase clause by clause in a `VoiceProfile` (Piper or espeak-ng, rate,
+pitch, a sox effect chain) and streams 40-80 ms PCM chunks with a viseme track (`VISEMES`, the
+Oculus/Meta set) for lip-sync.
 
 Models and GPL-licensed engines (Piper, espeak-ng) run only in worker processes; importing
 this package loads neither NumPy nor any model. Install with `pip install 'mythic[speech]'`
@@ -18,8 +19,8 @@ plus the `espeak-ng` and `sox` programs (`make setup` does both).
         async with Listener(asr) as listener:
             listener.feed(pcm_16khz)  # as audio arrives (sync, cheap)
             listener.end()            # no more audio: the events end after the last final
-            async for event in listener:  # SpeechStarted, PartialTranscript*, SpeechEnded,
-                if isinstance(event, FinalTranscript):  # FinalTranscript
+            async for event in listener:  # SpeechStarted, PartialTranscript*, SpeechPaused*,
+                if isinstance(event, FinalTranscript):  # SpeechEnded, FinalTranscript
                     print(event.transcript.text)
         async with tts.synthesize("Where is the old mill?", "vampire") as speech:
             async for chunk in speech:  # SpeechChunk: pcm, sample_rate, visemes, final...
@@ -60,6 +61,7 @@ from mythic.speech._vad import (
     SileroVAD,
     SpeechDetector,
     SpeechEnded,
+    SpeechPaused,
     SpeechStarted,
     silero_vad_path,
 )
@@ -89,6 +91,7 @@ __all__ = [
     "SpeechError",
     "SpeechInputError",
     "SpeechModelError",
+    "SpeechPaused",
     "SpeechPoolClosedError",
     "SpeechSettings",
     "SpeechStarted",

@@ -22,7 +22,14 @@ from mythic.speech._errors import (
     SpeechWorkerError,
 )
 from mythic.speech._settings import SpeechSettings
-from mythic.speech._vad import Endpointer, SpeechDetector, SpeechEnded, SpeechStarted
+from mythic.speech._vad import (
+    Endpointer,
+    EndpointEvent,
+    SpeechDetector,
+    SpeechEnded,
+    SpeechPaused,
+    SpeechStarted,
+)
 from mythic.speech._workers import PooledWorkers, WorkerPool
 
 __all__ = [
@@ -203,16 +210,21 @@ class FinalTranscript:
     """The transcript of a finished utterance (number `utterance`, counted from 1).
 
     `transcript.text` is empty when nothing was recognised; when the ASR failed, `error`
-    says why (the utterance's audio is in `ended.pcm` for a retry).
+    says why (the utterance's audio is in `ended.pcm` for a retry). `early` is True when the
+    transcript was started at the utterance's last `SpeechPaused` (of its audio then, a
+    little less trailing silence than `ended.pcm`) instead of after `SpeechEnded`.
     """
 
     utterance: int
     transcript: Transcript
     ended: SpeechEnded
     error: MythicError | None = None
+    early: bool = False
 
 
-HeardEvent = SpeechStarted | SpeechEnded | PartialTranscript | FinalTranscript
+HeardEvent = SpeechStarted | SpeechPaused | SpeechEnded | PartialTranscript | FinalTranscript
+
+_Outcome = tuple[Transcript, MythicError | None]
 
 
 class Listener:
@@ -221,9 +233,12 @@ class Listener:
     Feed audio as it arrives (sync, cheap: the VAD runs inline); read events with
     `async for`. While an utterance goes on, a partial transcript of the audio so far is
     requested each `partial_interval_ms` of new audio, skipped while the previous one runs
-    or no ASR worker is free. At the endpoint the final transcript is requested; finals
-    arrive in utterance order, after the utterance's `SpeechEnded`, and late partials are
-    dropped. Events, in order per utterance: `SpeechStarted`, `PartialTranscript`*,
+    or no ASR worker is free. At a pause (`SpeechPaused`, `early_final_ms` of silence) the
+    final transcript is requested early, and no partial after it; if the utterance ends with
+    no more speech that transcript is its final, else it is dropped (and partials go on).
+    Otherwise the final is requested at the endpoint. Finals arrive in utterance order, after
+    the utterance's `SpeechEnded`, and late partials are dropped. Events, in order per
+    utterance: `SpeechStarted`, `PartialTranscript`* and `SpeechPaused`* (each pause),
     `SpeechEnded`, `FinalTranscript`.
 
         async with Listener(asr, settings) as listener:
@@ -252,9 +267,14 @@ class Listener:
         self.settings = settings or asr.settings
         self.endpointer = Endpointer(self.settings, detector=detector, push_to_talk=push_to_talk)
         self._events: asyncio.Queue[HeardEvent | None] = asyncio.Queue()
-        self._finals: asyncio.Queue[tuple[int, SpeechEnded] | None] = asyncio.Queue()
+        self._finals: asyncio.Queue[
+            tuple[int, SpeechEnded, asyncio.Task[_Outcome] | None] | None
+        ] = asyncio.Queue()
         self._final_task: asyncio.Task[None] | None = None
         self._partial_task: asyncio.Task[None] | None = None
+        # The open utterance's early final: the pause it was started at, and its task.
+        self._early: tuple[SpeechPaused, asyncio.Task[_Outcome]] | None = None
+        self._early_tasks: set[asyncio.Task[_Outcome]] = set()  # running, used or dropped
         self._utterance = 0
         self._last_partial_s = 0.0
         self._ended = False
@@ -312,7 +332,8 @@ class Listener:
         if self._closed:
             return
         self._closed = self._ended = True
-        tasks = [t for t in (self._partial_task, self._final_task) if t is not None]
+        tasks: list[asyncio.Task[Any]] = [*self._early_tasks]
+        tasks += [t for t in (self._partial_task, self._final_task) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -332,17 +353,45 @@ class Listener:
 
     # -- internals
 
-    def _handle(self, events: list[SpeechStarted | SpeechEnded]) -> None:
+    def _handle(self, events: list[EndpointEvent]) -> None:
         for event in events:
             if isinstance(event, SpeechStarted):
                 self._utterance += 1
                 self._last_partial_s = event.at_s
+            elif isinstance(event, SpeechPaused):
+                self._cancel_partial()  # the early final is better than any partial now
+                self._drop_early()
+                task = asyncio.get_running_loop().create_task(self._final(event.pcm))
+                self._early_tasks.add(task)
+                task.add_done_callback(self._early_tasks.discard)
+                self._early = (event, task)
             else:
-                if self._partial_task is not None:
-                    self._partial_task.cancel()  # a partial now would come after the end
-                self._finals.put_nowait((self._utterance, event))
+                self._cancel_partial()  # a partial now would come after the end
+                self._finals.put_nowait((self._utterance, event, self._take_early(event)))
                 self._ensure_final_task()
             self._events.put_nowait(event)
+        if self._early is not None and not self.endpointer.paused:
+            self._drop_early()  # the player spoke again after the pause
+
+    def _cancel_partial(self) -> None:
+        if self._partial_task is not None:
+            self._partial_task.cancel()
+
+    def _take_early(self, ended: SpeechEnded) -> asyncio.Task[_Outcome] | None:
+        """The early final, if it has the ended utterance's audio (no speech since the pause)."""
+        if self._early is None:
+            return None
+        paused, task = self._early
+        self._early = None
+        if (paused.at_s, paused.started_s) == (ended.at_s, ended.started_s):
+            return task
+        task.cancel()
+        return None
+
+    def _drop_early(self) -> None:
+        if self._early is not None:
+            self._early[1].cancel()
+            self._early = None
 
     def _ensure_final_task(self) -> None:
         if self._final_task is None:
@@ -351,21 +400,34 @@ class Listener:
     async def _run_finals(self) -> None:
         try:
             while (item := await self._finals.get()) is not None:
-                utterance, ended = item
-                try:
-                    transcript = await self.asr.transcribe(ended.pcm, ASR_SAMPLE_RATE)
-                except MythicError as exc:
-                    log.warning("final transcript of utterance %s failed: %s", utterance, exc)
-                    empty = Transcript("", self.settings.asr_language, ended.duration_s, 0.0)
-                    self._events.put_nowait(FinalTranscript(utterance, empty, ended, exc))
+                utterance, ended, early = item
+                if early is None:
+                    transcript, error = await self._final(ended.pcm)
                 else:
-                    self._events.put_nowait(FinalTranscript(utterance, transcript, ended))
+                    transcript, error = await early
+                if error is not None:
+                    log.warning("final transcript of utterance %s failed: %s", utterance, error)
+                final = FinalTranscript(utterance, transcript, ended, error, early is not None)
+                self._events.put_nowait(final)
         finally:
             self._events.put_nowait(None)  # the event stream ends with the finals, always
 
+    async def _final(self, pcm: bytes) -> _Outcome:
+        """A final transcript of `pcm`; on failure an empty one, and the error."""
+        try:
+            return await self.asr.transcribe(pcm, ASR_SAMPLE_RATE), None
+        except MythicError as exc:
+            seconds = duration_s(pcm, ASR_SAMPLE_RATE)
+            return Transcript("", self.settings.asr_language, seconds, 0.0), exc
+
     def _maybe_partial(self) -> None:
         s = self.settings
-        if not s.partials or self._partial_task is not None or not self.endpointer.in_speech:
+        if (
+            not s.partials
+            or self._partial_task is not None
+            or self._early is not None
+            or not self.endpointer.in_speech
+        ):
             return
         now = self.endpointer.now_s
         if (now - self._last_partial_s) * 1000 < s.partial_interval_ms:

@@ -24,6 +24,7 @@ __all__ = [
     "SileroVAD",
     "SpeechDetector",
     "SpeechEnded",
+    "SpeechPaused",
     "SpeechStarted",
     "silero_vad_path",
 ]
@@ -150,17 +151,44 @@ class SpeechEnded:
         return len(self.pcm) / (BYTES_PER_SAMPLE * ASR_SAMPLE_RATE)
 
 
-EndpointEvent = SpeechStarted | SpeechEnded
+@dataclass(frozen=True, slots=True)
+class SpeechPaused:
+    """The player paused: `early_final_ms` of silence, the endpoint not yet reached.
+
+    The moment to start the final transcript early: if the utterance ends with no more
+    speech, its `SpeechEnded` has the same `at_s` and `started_s`, and a transcript of `pcm`
+    is as good as one of the `SpeechEnded`'s audio. Speech may go on after a pause instead;
+    each pause in an utterance gives one event.
+
+    Attributes:
+        at_s: when the speech stopped, in seconds of audio fed so far.
+        started_s: when the utterance began.
+        pcm: the utterance so far (16 kHz mono PCM16): `speech_pad_ms` of audio before the
+            speech, and min(`early_final_ms`, `speech_pad_ms`) of the silence after it.
+    """
+
+    at_s: float
+    started_s: float
+    pcm: bytes
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds of audio in `pcm`."""
+        return len(self.pcm) / (BYTES_PER_SAMPLE * ASR_SAMPLE_RATE)
+
+
+EndpointEvent = SpeechStarted | SpeechPaused | SpeechEnded
 
 
 class Endpointer:
     """Finds utterances in a 16 kHz microphone stream: feed PCM, get start/end events.
 
     Voice mode (default): an utterance starts after `min_speech_ms` of speech and ends after
-    `trailing_silence_ms` of silence (or at `max_utterance_s`). Push-to-talk mode: `press()`
-    and `release()` delimit the utterance (all audio between them is kept); the VAD still
-    decides whether anything was said, so a press with only silence or noise in it is no
-    utterance. Either way, input without speech never yields an utterance.
+    `trailing_silence_ms` of silence (or at `max_utterance_s`); after `early_final_ms` of that
+    silence it says `SpeechPaused`, once per pause. Push-to-talk mode: `press()` and
+    `release()` delimit the utterance (all audio between them is kept); the VAD still decides
+    whether anything was said, so a press with only silence or noise in it is no utterance.
+    Either way, input without speech never yields an utterance.
 
     Synchronous and I/O-free: `feed` runs the VAD inline (about 0.1 ms per 32 ms frame).
     """
@@ -178,6 +206,7 @@ class Endpointer:
         s = self.settings
         self._min_speech = max(1, round(s.min_speech_ms / 1000 / _FRAME_S))
         self._trailing = max(1, round(s.trailing_silence_ms / 1000 / _FRAME_S))
+        self._early = max(1, round(s.early_final_ms / 1000 / _FRAME_S)) if s.early_final_ms else 0
         self._pad = round(s.speech_pad_ms / 1000 / _FRAME_S)
         self._max_frames = int(s.max_utterance_s / _FRAME_S)
         self.reset()
@@ -206,6 +235,11 @@ class Endpointer:
     def in_speech(self) -> bool:
         """Whether an utterance has started and not yet ended."""
         return self._heard
+
+    @property
+    def paused(self) -> bool:
+        """Whether the open utterance is in a pause: `SpeechPaused` came, no speech since."""
+        return self._heard and bool(self._early) and self._silence >= self._early
 
     def utterance_pcm(self) -> bytes:
         """The audio of the open utterance so far (empty when none has started)."""
@@ -281,6 +315,8 @@ class Endpointer:
             if self._silence >= self._trailing:
                 events.extend(self._close("silence"))
                 return
+            if self._early and self._silence == self._early:
+                events.append(self._pause())
         if self._utterance is not None and len(self._utterance) >= self._max_frames:
             events.extend(self._close("max_length"))
             if self._pressed:
@@ -297,6 +333,15 @@ class Endpointer:
             self._last_speech = index + 1
             self._silence = 0
             events.append(SpeechStarted(self._started * _FRAME_S))
+
+    def _pause(self) -> SpeechPaused:
+        assert self._utterance is not None
+        keep = self._last_speech + min(self._early, self._pad) - self._first
+        return SpeechPaused(
+            at_s=self._last_speech * _FRAME_S,
+            started_s=self._started * _FRAME_S,
+            pcm=b"".join(self._utterance[:keep]),
+        )
 
     def _close(
         self, reason: Literal["silence", "max_length", "release", "flush"]
