@@ -7,14 +7,20 @@ sessions, 4 NPCs, 5 questions each). For each utterance, on the client's clock f
 moment its last speech sample was sent: the final transcript (`asr_final`), the reply's first
 token (`first_token`) and its first audio chunk (`first_audio`). The server's own trace of
 the same hops (its /metrics) is reported beside. The word error rate is the ASR's on the 20
-questions. Ratio: each hop's p50 against the 1-speaker row.
+questions. Ratio: each hop's p50 against the first row (the baseline with --baseline).
 
 The endpoint waits for `trailing_silence_ms` (300 ms) of silence: that wait is inside
 `asr_final`. Budget (technical design): first audio <= 800 ms, MVP p95 <= 900, p99 <= 1200.
 
+Work done ahead of the line's end ("ahead" on, the default): the reply's prompt prepared from
+the partial transcripts while the player speaks (`dialogue.prefill_while_speaking`) and the
+final transcript started at a pause of `speech.early_final_ms` (128 ms). `--baseline` first
+runs a round with both off; the ratio column is then against it.
+
 Writes bench/results/voice.json.
 
     .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1] [--model NAME] [--no-decide]
+                                    [--baseline]
 """
 
 from __future__ import annotations
@@ -140,6 +146,12 @@ def main() -> None:
     parser.add_argument(
         "--no-decide", action="store_true", help="no per-line intent/tool decision (dialogue only)"
     )
+    parser.add_argument(
+        "--baseline",
+        action="store_true",
+        help="first a round with the work ahead of the line's end off (no prompt prepared "
+        "while the player speaks, no early final): the ratio's baseline",
+    )
     args = parser.parse_args()
     if args.model:
         os.environ["MYTHIC_ENGINE__DIALOGUE_MODEL"] = args.model
@@ -148,8 +160,13 @@ def main() -> None:
     counts = [int(n) for n in args.speakers.split(",")]
     audio = asyncio.run(synthesise())
     rounds: list[dict[str, Any]] = []
-    for count in counts:
+    plan = [(count, True) for count in counts]
+    if args.baseline:
+        plan.insert(0, (counts[0], False))
+    for count, ahead in plan:
         # A fresh server per round, so /metrics holds that round's traces only.
+        os.environ["MYTHIC_DIALOGUE__PREFILL_WHILE_SPEAKING"] = "true" if ahead else "false"
+        os.environ["MYTHIC_SPEECH__EARLY_FINAL_MS"] = "128" if ahead else "0"
         with spawned_server(WORLD, threads=args.threads, voice=True, nice=0) as url:
             rows = asyncio.run(run_round(url, count, audio))
             address = url.removeprefix("ws://").removesuffix("/v1/ws")
@@ -160,6 +177,7 @@ def main() -> None:
         rounds.append(
             {
                 "speakers": count,
+                "ahead": ahead,
                 "utterances": len(rows),
                 "answered": sum(1 for r in rows if r["first_audio"] is not None),
                 "client_ms": hops,
@@ -171,14 +189,16 @@ def main() -> None:
     base = rounds[0]["client_ms"]
     print("end of speech -> each hop, ms, on the client (server's own trace in brackets)")
     print(
-        f"{'speakers':>8} {'hop':<12}{'p50':>8}{'p95':>8}{'p99':>8}{'server p50':>12}{'x p50':>7}"
+        f"{'speakers':>8} {'ahead':<6}{'hop':<12}{'p50':>8}{'p95':>8}{'p99':>8}"
+        f"{'server p50':>12}{'x p50':>7}"
     )
     for r in rounds:
         for hop in HOPS:
             ms = r["client_ms"][hop]
             own = r["server_ms"].get(hop, {}).get("p50")
             print(
-                f"{r['speakers']:>8} {hop:<12}{fmt(ms['p50'], '.0f'):>8}{fmt(ms['p95'], '.0f'):>8}"
+                f"{r['speakers']:>8} {'on' if r['ahead'] else 'off':<6}{hop:<12}"
+                f"{fmt(ms['p50'], '.0f'):>8}{fmt(ms['p95'], '.0f'):>8}"
                 f"{fmt(ms['p99'], '.0f'):>8}{fmt(own, '.0f'):>12}"
                 f"{fmt(ratio(ms['p50'], base[hop]['p50']), '.2f'):>7}"
             )

@@ -647,3 +647,37 @@ async def test_a_warm_up_never_delays_or_changes_a_turn_already_running(
         await until(lambda: actor.state.name == "IDLE")
     assert actor.warm_ups == 0
     assert isinstance(events[-1], LLMStreamDelta) and events[-1].final
+
+
+async def test_the_prompt_window_keeps_its_start_and_jumps_by_half(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """With `history_turns` 2 the prompt keeps the history from the same exchange from line
+    to line (the engine evaluates only what is new) until it has more than 2 exchanges, then
+    jumps to the newest one; it never slides by one exchange at every line."""
+    talk = engines[0]
+    chat = {"max_tokens": 8, "temperature": 0.0, "history_turns": 2}
+    async with (
+        running(engines, settings, chat=chat) as (address, gateway),
+        httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http,
+    ):
+        actor = gateway.cast.actor("marla")
+        firsts: list[str] = []
+        cached: list[int] = []
+        for n, line in enumerate(["Hello.", "A room?", "Ale?", "Stew?", "Rules?", "Bye."]):
+            before = talk.metrics()
+            reply = await http.post("/v1/npcs/marla/say", json={"text": line, "session_id": "w"})
+            assert reply.status_code == 200, reply.text
+            after = talk.metrics()
+            cached.append(after.cached_prompt_tokens - before.cached_prompt_tokens)
+            history = actor.histories["http.w"]
+            starts = actor._window("http.w", history)
+            users = [m.content for m in history[starts[0] :] if m.role == "user"]
+            firsts.append(users[0])
+            assert len(users) <= 2 and users[-1] == line, (n, users)
+    # Windows: [Hello] [Hello, A room?] [Ale?] [Ale?, Stew?] [Rules?] [Rules?, Bye.]
+    assert firsts == ["Hello.", "Hello.", "Ale?", "Ale?", "Rules?", "Rules?"]
+    # A line whose window kept its start finds the exchanges before it cached; at a jump
+    # only the persona is.
+    assert cached[2] > cached[3] < cached[4], cached
+    assert cached[4] > cached[5], cached

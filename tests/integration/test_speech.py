@@ -186,24 +186,28 @@ async def test_bad_audio_is_a_typed_error(asr: ASRPool) -> None:
         SileroVAD().probability(silence(0.01))
 
 
+async def heard(listener: Listener, audio: bytes) -> list[HeardEvent]:
+    """Stream `audio` through `listener` at the speed of a microphone (each 20 ms packet, then
+    up to 20 ms for events, so partials can happen while it "speaks"); every event heard."""
+    events: list[HeardEvent] = []
+    for i in range(0, len(audio), 640):
+        listener.feed(audio[i : i + 640])
+        with contextlib.suppress(TimeoutError):
+            events.append(await asyncio.wait_for(anext(listener), 0.02))
+    listener.end()
+    async with asyncio.timeout(60):
+        events += [event async for event in listener]
+    return events
+
+
 @pytest.mark.usefixtures("vad")
 async def test_partials_stream_while_the_player_speaks(asr: ASRPool, tts: TTSPool) -> None:
     line = "Tell me where the old mill stands, because I have walked all day along the river."
     pcm, chunks = await tts.speak(line, "human")
     speech = to_16k(pcm, chunks[0].sample_rate)
     settings = SETTINGS.model_copy(update={"trailing_silence_ms": 700})
-    events: list[HeardEvent] = []
     async with Listener(asr, settings) as listener:
-        audio = silence(0.5) + speech + silence(1.5)
-        # Replayed at the speed of a microphone: each 20 ms packet, then up to 20 ms for
-        # events, so partials (about 0.5 s of work each) can happen while it "speaks".
-        for i in range(0, len(audio), 640):
-            listener.feed(audio[i : i + 640])
-            with contextlib.suppress(TimeoutError):
-                events.append(await asyncio.wait_for(anext(listener), 0.02))
-        listener.end()
-        async with asyncio.timeout(60):
-            events += [event async for event in listener]
+        events = await heard(listener, silence(0.5) + speech + silence(1.5))
     kinds = [type(e).__name__ for e in events]
     texts = [
         e.transcript.text for e in events if isinstance(e, PartialTranscript | FinalTranscript)
@@ -222,16 +226,8 @@ async def test_partials_stream_while_the_player_speaks(asr: ASRPool, tts: TTSPoo
 
 @pytest.mark.usefixtures("vad")
 async def test_the_final_is_the_early_transcript_and_as_good(asr: ASRPool, question: bytes) -> None:
-    events: list[HeardEvent] = []
     async with Listener(asr, SETTINGS) as listener:
-        audio = silence(0.5) + question + silence(1.0)
-        for i in range(0, len(audio), 640):  # 20 ms packets, as a client sends them
-            listener.feed(audio[i : i + 640])
-            with contextlib.suppress(TimeoutError):
-                events.append(await asyncio.wait_for(anext(listener), 0.02))
-        listener.end()
-        async with asyncio.timeout(60):
-            events += [event async for event in listener]
+        events = await heard(listener, silence(0.5) + question + silence(1.0))
     finals = [e for e in events if isinstance(e, FinalTranscript)]
     pauses = [e for e in events if isinstance(e, SpeechPaused)]
     assert len(finals) == 1 and pauses, [type(e).__name__ for e in events]

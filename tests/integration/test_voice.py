@@ -122,6 +122,10 @@ async def test_a_spoken_question_gets_a_spoken_answer_with_visemes(
     assert hops == dict(sorted(hops.items(), key=lambda kv: kv[1]))  # in pipeline order
     assert "mythic_voice_utterances_total 1.0" in metrics
     assert 'mythic_voice_first_audio_seconds{quantile="0.5"}' in metrics
+    # The reply's prompt was prepared from the captions while the player spoke.
+    assert gateway.cast.stats.warm_ups >= 1
+    assert "mythic_warm_ups_total" in metrics
+    assert 'mythic_reply_prompt_tokens_total{source="cached"}' in metrics
 
 
 async def _first_audio(turn: VoiceTurn) -> None:

@@ -141,7 +141,10 @@ class ChatSettings(_Section):
     """Penalty on recently generated tokens."""
 
     history_turns: int = Field(default=16, ge=0, le=200)
-    """Player/NPC exchanges kept in the prompt (older ones drop first when the context fills)."""
+    """Player/NPC exchanges kept in the prompt, at most. The prompt's window of the history
+    keeps its first exchange from line to line (so the engine's cache of the prompt holds)
+    and, past this many, jumps to the newest half; older ones also drop first when the
+    context fills."""
 
 
 class DialogueSettings(_Section):

@@ -191,6 +191,8 @@ class NPCActor:
         self._warming: str | None = None
         """The session whose prompt the warm-up is evaluating now."""
         self._next_warm: PrepareLine | None = None
+        self._window_start: dict[str, ChatMessage] = {}
+        """Per session, the message its prompt window begins with (`_window`)."""
         self._prepared: dict[str, _Told] = {}
         """Per session, the context whose prompt the engine last prepared (`PrepareLine`)."""
         self.warm_ups = 0
@@ -331,6 +333,7 @@ class NPCActor:
                 if forget:
                     self.histories.pop(session_id, None)
                     self._prepared.pop(session_id, None)
+                    self._window_start.pop(session_id, None)
                     self._intents.pop(session_id, None)
                     self._memory_told.pop(session_id, None)
                     player = self._players.pop(session_id, None)
@@ -599,8 +602,7 @@ class NPCActor:
         """The lore lines and the last scene told in the session's prompt window (the
         exchanges its next prompt keeps)."""
         history = self.histories.get(session_id, [])
-        keep = self.cast.settings.chat.history_turns
-        starts = _exchange_starts(history)[-keep:] if keep else []
+        starts = self._window(session_id, history)
         lore: list[str] = []
         scene = None
         for message in history[starts[0] if starts else len(history) :]:
@@ -616,17 +618,38 @@ class NPCActor:
     def _reply_messages(
         self, session_id: str, history: list[ChatMessage], *tail: ChatMessage, drop: int = 0
     ) -> list[ChatMessage] | None:
-        """Persona, the session's memory section, the last `chat.history_turns` exchanges of
-        the history without the `drop` oldest, then `tail`; None when there are not `drop`
-        exchanges left to drop."""
-        keep = self.cast.settings.chat.history_turns
-        starts = _exchange_starts(history)[-keep:] if keep else []
+        """Persona, the session's memory section, the exchanges of the prompt window
+        (`_window`) without the `drop` oldest, then `tail`; None when there are not `drop`
+        exchanges left to drop. A drop moves the window's start for later prompts too."""
+        starts = self._window(session_id, history)
         if drop > len(starts):
             return None
         begin = starts[drop] if drop < len(starts) else len(history)
+        if drop and begin < len(history):
+            self._window_start[session_id] = history[begin]
         remembered = self._memory_told.get(session_id)
         head = [self.system, remembered] if remembered is not None else [self.system]
         return [*head, *history[begin:], *tail]
+
+    def _window(self, session_id: str, history: list[ChatMessage]) -> list[int]:
+        """Where the exchanges of the session's prompt window begin in `history`.
+
+        The window keeps its first exchange from one prompt to the next, so the engine's
+        cache of the prompt holds; once it has more than `chat.history_turns` exchanges it
+        jumps to the newest half of them. The conversation is then evaluated again once per
+        half window, not at every line (as a window sliding by one exchange would have it).
+        """
+        keep = self.cast.settings.chat.history_turns
+        if not keep:
+            return []
+        anchor = self._window_start.get(session_id)
+        first = next((i for i, m in enumerate(history) if m is anchor), 0)
+        starts = [i for i in _exchange_starts(history) if i >= first]
+        if len(starts) > keep:
+            starts = starts[-max(1, keep // 2) :]
+        if starts:
+            self._window_start[session_id] = history[starts[0]]
+        return starts
 
     async def _generate(
         self, out: _TurnOutput, history: list[ChatMessage], *tail: ChatMessage
