@@ -197,8 +197,11 @@ class Cast:
         Raises:
             UnknownNPCError: the world has no such NPC.
         """
+        actor = self.actor(npc_id)
+        if not text.strip():
+            return
         with contextlib.suppress(MailboxFullError, MailboxClosedError):
-            self.actor(npc_id).deliver(PrepareLine(session_id, text, player_id))
+            actor.deliver(PrepareLine(session_id, text, player_id))
 
     def deliver(
         self,
