@@ -20,7 +20,7 @@ runs a round with both off; the ratio column is then against it.
 Writes bench/results/voice.json.
 
     .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1] [--model NAME] [--no-decide]
-                                    [--baseline]
+                                    [--baseline] [--server-log PATH]
 """
 
 from __future__ import annotations
@@ -152,6 +152,13 @@ def main() -> None:
         help="first a round with the work ahead of the line's end off (no prompt prepared "
         "while the player speaks, no early final): the ratio's baseline",
     )
+    parser.add_argument(
+        "--server-log",
+        type=Path,
+        default=None,
+        help="append the servers' logs to this file (with MYTHIC_SERVER__LOG_LEVEL=debug: "
+        "each engine request's prompt and cached tokens)",
+    )
     args = parser.parse_args()
     if args.model:
         os.environ["MYTHIC_ENGINE__DIALOGUE_MODEL"] = args.model
@@ -167,7 +174,9 @@ def main() -> None:
         # A fresh server per round, so /metrics holds that round's traces only.
         os.environ["MYTHIC_DIALOGUE__PREFILL_WHILE_SPEAKING"] = "true" if ahead else "false"
         os.environ["MYTHIC_SPEECH__EARLY_FINAL_MS"] = "128" if ahead else "0"
-        with spawned_server(WORLD, threads=args.threads, voice=True, nice=0) as url:
+        with spawned_server(
+            WORLD, threads=args.threads, voice=True, nice=0, log_to=args.server_log
+        ) as url:
             rows = asyncio.run(run_round(url, count, audio))
             address = url.removeprefix("ws://").removesuffix("/v1/ws")
             server = asyncio.run(server_hops(address))

@@ -125,7 +125,10 @@ def test_ctrl_c_stops_the_server_cleanly(served: tuple[str, subprocess.Popen[byt
     assert proc.wait(60) == 0
     assert proc.stderr is not None
     proc.stderr.seek(0)
-    assert b"Traceback" not in proc.stderr.read()
+    logged = proc.stderr.read()
+    assert b"Traceback" not in logged
+    # server.log_level info: Mythic's own records, with their time, level and source.
+    assert re.search(rb"\d\d:\d\d:\d\d,\d+ INFO +mythic\.server\._app: warmed up", logged), logged
 
 
 def test_serve_refuses_a_port_in_use() -> None:
@@ -140,3 +143,9 @@ def test_serve_refuses_a_port_in_use() -> None:
         )
     assert result.returncode == 2
     assert "cannot listen on 127.0.0.1" in result.stderr
+
+
+def test_serve_refuses_a_bad_log_level() -> None:
+    result = mythic("serve", "--world", str(EXAMPLE_WORLD), "--log-level", "loud", timeout=60)
+    assert result.returncode == 2
+    assert "log_level" in result.stderr and "Traceback" not in result.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import shutil
 from collections.abc import AsyncIterator, Callable
@@ -681,3 +682,45 @@ async def test_the_prompt_window_keeps_its_start_and_jumps_by_half(
     # only the persona is.
     assert cached[2] > cached[3] < cached[4], cached
     assert cached[4] > cached[5], cached
+
+
+async def test_a_full_context_moves_the_window_by_half_not_one_exchange_a_line(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """Long lines fill the model's context within a few exchanges. The prompt that overflows
+    drops the older half of its window, and the next line extends that prompt (its start,
+    and the engine's cache of it, hold): the window never moves at two lines in a row, as it
+    did dropping one exchange whenever the prompt overflowed."""
+    talk = engines[0]
+    places = ["mill", "bridge", "chapel", "market", "harbour", "tavern", "gate", "crypt"]
+    lines = [
+        f"Listen, about the {place}: "
+        + " ".join(
+            f"on day {d} I walked to the {place} and counted {d + 3} crows on its roof."
+            for d in range(24)
+        )
+        for place in places
+    ]
+    chat = {"max_tokens": 8, "temperature": 0.0, "history_turns": 16}
+    async with (
+        running(engines, settings, chat=chat) as (address, gateway),
+        httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http,
+    ):
+        actor = gateway.cast.actor("marla")
+        firsts: list[str] = []
+        cached: list[int] = []
+        for line in lines:
+            before = talk.metrics()
+            reply = await http.post("/v1/npcs/marla/say", json={"text": line, "session_id": "f"})
+            assert reply.status_code == 200, reply.text
+            after = talk.metrics()
+            cached.append(after.cached_prompt_tokens - before.cached_prompt_tokens)
+            history = actor.histories["http.f"]
+            starts = actor._window("http.f", history)
+            firsts.append(next(m.content for m in history[starts[0] :] if m.role == "user"))
+    moved = [n for n in range(1, len(lines)) if firsts[n] != firsts[n - 1]]
+    assert moved, "the lines never filled the context: make them longer"
+    assert all(b - a > 1 for a, b in itertools.pairwise(moved)), (moved, cached)
+    for n in moved:  # the line after a move finds the moved prompt cached, beyond the persona
+        if n + 1 < len(lines):
+            assert cached[n + 1] > cached[n], (n, cached)

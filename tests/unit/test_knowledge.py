@@ -352,3 +352,20 @@ def test_lore_beyond_keeps_only_the_new_lines_under_their_sources() -> None:
     assert lore_beyond(whole, prepared) is None  # nothing new
     assert lore_beyond(prepared, None) is None
     assert lore_beyond(None, "## Lore\nA fact.") == "## More Lore\nA fact."
+
+
+def test_lore_beyond_keeps_the_most_relevant_new_lines_within_max_chars() -> None:
+    whole = (
+        "## Lore\nFrom The Market:\nSilver is sold at dawn.\n"
+        "A very long line about the market's history that does not fit in the budget.\n"
+        "Guards watch.\nFrom The Mill:\nIt burned."
+    )
+    first = "## More Lore\nFrom The Market:\nSilver is sold at dawn."
+    assert lore_beyond(None, whole, max_chars=len(first)) == first
+    # A line too long is skipped for shorter ones after it, each under its source.
+    room = len(first) + len("\nGuards watch.\nFrom The Mill:\nIt burned.")
+    assert lore_beyond(None, whole, max_chars=room) == (
+        first + "\nGuards watch.\nFrom The Mill:\nIt burned."
+    )
+    assert lore_beyond(None, whole, max_chars=10) is None  # not even one line fits
+    assert lore_beyond(None, whole, max_chars=10_000) == lore_beyond(None, whole)

@@ -25,7 +25,7 @@ from rich.progress import (
 from mythic._errors import MythicError
 from mythic.cli._archetypes import archetypes_app
 from mythic.cli._plan import plan_command
-from mythic.config import MythicSettings, load_settings
+from mythic.config import MythicSettings, ServerSettings, load_settings
 
 if TYPE_CHECKING:
     from mythic.engine import PackagedModel
@@ -95,6 +95,17 @@ def _guard(fn: Callable[[], T]) -> T:
             where = ".".join(str(p) for p in e["loc"]) or "value"
             err.print(f"error: {where}: {e['msg']}", style="bold red")
         raise typer.Exit(2) from None
+
+
+def _log_to_stderr(level: str) -> None:
+    """Mythic's own log records at `level` and above to stderr, with their time and source;
+    other libraries' at warning and above."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.getLogger("mythic").setLevel(level.upper())
 
 
 def _progress() -> Progress:
@@ -950,6 +961,14 @@ def serve(
             help="Serve voice sessions: speech in and out (default: speech.enabled).",
         ),
     ] = None,
+    log_level: Annotated[
+        str | None,
+        typer.Option(
+            "--log-level",
+            help="debug, info, warning or error: what Mythic logs to stderr "
+            "(default: server.log_level, info: each voice turn's latency trace).",
+        ),
+    ] = None,
     config: ConfigOption = None,
 ) -> None:
     """Serve the world's NPCs over WebSocket (/v1/ws) and HTTP until Ctrl-C."""
@@ -957,6 +976,10 @@ def serve(
     server = settings.server.model_copy(
         update={k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     )
+    if log_level is not None:
+        update = server.model_dump() | {"log_level": log_level.lower()}
+        server = _guard(lambda: ServerSettings.model_validate(update))
+    _log_to_stderr(server.log_level)
     speech = settings.speech
     if voice is not None:
         speech = speech.model_copy(update={"enabled": voice})

@@ -324,11 +324,13 @@ def spawned_server(
     cpus: Collection[int] | None = None,
     voice: bool = False,
     timeout_s: float = 300,
+    log_to: Path | None = None,
 ) -> Iterator[str]:
     """`mythic serve` in a process of its own (as a game would run it), its engines limited
     to `threads` cores so the game keeps the rest, below the game's priority (`nice`, on
     POSIX) so the frame loop wins a contended core, and pinned to `cpus` (Linux) so it never
-    takes the frame loop's; yields its WebSocket URL once ready.
+    takes the frame loop's; yields its WebSocket URL once ready. Its output goes to `log_to`
+    (appended) when given, else to a temporary file shown if it fails to start.
 
     Raises:
         MythicError: the server exited or was not ready within `timeout_s`.
@@ -340,7 +342,7 @@ def spawned_server(
     port = free_port()
     env = {**os.environ, "MYTHIC_ENGINE__N_THREADS": str(threads)}
     placement = Placement(nice, frozenset(cpus) if cpus is not None else None)
-    with tempfile.TemporaryFile() as log:
+    with log_to.open("a+b") if log_to is not None else tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "mythic", "serve", "--world", str(world)),

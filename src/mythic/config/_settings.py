@@ -189,6 +189,12 @@ class DialogueSettings(_Section):
     token then waits only for the line itself. A warm-up counts as a dialogue request in
     `/v1/usage`; a partial that changes the retrieved lore warms again."""
 
+    more_lore_tokens: int = Field(default=64, ge=0, le=4096)
+    """When the reply's prompt was prepared while the player spoke, the lore the whole line
+    retrieves beyond what its partial transcript did is added up to about this many tokens
+    (4 characters each), most relevant first: every one of them is evaluated after the player
+    stops speaking. A prompt is prepared with room for them and the line."""
+
 
 class ServerSettings(_Section):
     """`mythic serve`: the WebSocket and HTTP gateway."""
@@ -219,6 +225,11 @@ class ServerSettings(_Section):
 
     outbox_size: int = Field(default=4096, ge=16)
     """Messages queued for a slow or disconnected client before it is dropped."""
+
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """What `mythic serve` logs of Mythic's own to stderr: `info` has each voice turn's
+    latency trace; `debug` adds each engine request's prompt tokens (and how many were
+    cached), queue wait and first-token time. Other libraries log warnings only."""
 
 
 def default_data_dir() -> Path:

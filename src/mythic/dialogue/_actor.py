@@ -18,7 +18,7 @@ import logging
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -84,6 +84,11 @@ if TYPE_CHECKING:
     from mythic.dialogue._cast import Cast, ToolOutcome
 
 log = logging.getLogger(__name__)
+
+_CHARS_PER_TOKEN = 4
+"""An English text's characters per token, about, for budgets the actor cannot tokenize."""
+_LINE_TOKENS = 64
+"""Room a prepared prompt keeps for the player's line (and the chat template around it)."""
 
 Finish = Literal["stop", "length", "tool_call", "cutoff", "error"]
 MAX_BARK_WORDS = 8
@@ -191,8 +196,9 @@ class NPCActor:
         self._warming: str | None = None
         """The session whose prompt the warm-up is evaluating now."""
         self._next_warm: PrepareLine | None = None
-        self._window_start: dict[str, ChatMessage] = {}
-        """Per session, the message its prompt window begins with (`_window`)."""
+        self._window_start: dict[str, tuple[ChatMessage, bool]] = {}
+        """Per session, the message its prompt window begins with (`_window`), or, flagged
+        True, the message it follows (when an overflow dropped every exchange)."""
         self._prepared: dict[str, _Told] = {}
         """Per session, the context whose prompt the engine last prepared (`PrepareLine`)."""
         self.warm_ups = 0
@@ -529,19 +535,15 @@ class NPCActor:
         if self._prepared.get(session) == told:
             return
         history = self.histories.get(session, [])
-        messages = self._reply_messages(session, history, *told.messages)
-        if messages is None:
-            return
-        request = GenerationRequest(
-            npc_id=self.npc_id,
-            session_id=session,
-            messages=messages,
-            priority=Priority.SILVER,
-            sampling=Sampling(max_tokens=1, temperature=0.0),
+        # Room for the reply, the line and its more lore: a prompt that fits now but not with
+        # them would make the turn drop exchanges and evaluate everything again.
+        room = self.cast.settings.chat.max_tokens + _LINE_TOKENS + self._more_lore_tokens()
+        stream = await self._open_fitted(
+            session, history, told.messages, Sampling(max_tokens=room, temperature=0.0), "dialogue"
         )
-        stream = await self._open(request, "dialogue", AdapterTask.DIALOGUE_STYLE, canned=None)
-        async with stream:
-            await stream.collect()
+        # Open is back once the first token is: the prompt is evaluated, and its KV (all that
+        # was wanted) stays with the session when the request is stopped.
+        await stream.aclose()
         self._prepared[session] = told
         self.warm_ups += 1
         self.cast.stats.warm_ups += 1
@@ -563,10 +565,19 @@ class NPCActor:
         if task is not None and not task.done() and self._warming == session:
             await asyncio.wait({task})
         prepared = self._prepared.pop(session, None)  # the reply moves the session's KV on
-        messages = told.messages
-        if prepared is not None and prepared != told and prepared.scene == told.scene:
-            more = lore_beyond(prepared.lore, told.lore)
+        messages, how = told.messages, "unprepared"
+        if prepared is not None and prepared == told:
+            # The prepared messages themselves: the prompt window may be anchored on them.
+            messages, how = prepared.messages, "prepared"
+        elif prepared is not None and prepared.scene == told.scene:
+            more = lore_beyond(
+                prepared.lore, told.lore, max_chars=_CHARS_PER_TOKEN * self._more_lore_tokens()
+            )
             messages = [*prepared.messages, *([ChatMessage("system", more)] if more else [])]
+            how = f"prepared, {len(more or '')} characters of lore more"
+        elif prepared is not None:
+            how = "prepared with another scene: not used"
+        log.debug("%s/%s: the line's context is %s", self.npc_id, session, how)
         self.last_context = (
             ChatMessage("system", "\n\n".join(m.content for m in messages)) if messages else None
         )
@@ -626,7 +637,9 @@ class NPCActor:
             return None
         begin = starts[drop] if drop < len(starts) else len(history)
         if drop and begin < len(history):
-            self._window_start[session_id] = history[begin]
+            self._window_start[session_id] = (history[begin], False)
+        elif drop and history:  # every exchange dropped: the window starts with the next one
+            self._window_start[session_id] = (history[-1], True)
         remembered = self._memory_told.get(session_id)
         head = [self.system, remembered] if remembered is not None else [self.system]
         return [*head, *history[begin:], *tail]
@@ -642,13 +655,16 @@ class NPCActor:
         keep = self.cast.settings.chat.history_turns
         if not keep:
             return []
-        anchor = self._window_start.get(session_id)
-        first = next((i for i, m in enumerate(history) if m is anchor), 0)
+        first = 0
+        if (anchor := self._window_start.get(session_id)) is not None:
+            message, after = anchor
+            at = next((i for i, m in enumerate(history) if m is message), None)
+            first = 0 if at is None else at + after
         starts = [i for i in _exchange_starts(history) if i >= first]
         if len(starts) > keep:
             starts = starts[-max(1, keep // 2) :]
         if starts:
-            self._window_start[session_id] = history[starts[0]]
+            self._window_start[session_id] = (history[starts[0]], False)
         return starts
 
     async def _generate(
@@ -660,30 +676,14 @@ class NPCActor:
         Raises:
             ContextOverflowError: even the persona and `tail` alone do not fit.
         """
-        drop = 0
-        while True:
-            messages = self._reply_messages(out.line.session_id, history, *tail, drop=drop)
-            if messages is None:
-                raise ContextOverflowError(
-                    "the persona and this line do not fit the model's context; say less"
-                )
-            request = GenerationRequest(
-                npc_id=self.npc_id,
-                session_id=out.line.session_id,
-                messages=messages,
-                priority=Priority.SILVER,
-                sampling=chat_sampling(self.cast.settings.chat),
-            )
-            try:
-                stream = await self._open(
-                    request,
-                    "tool_dialogue" if out.tool_calls else "dialogue",
-                    AdapterTask.DIALOGUE_STYLE,
-                    canned=self.canned(out.line.turn_id),
-                )
-                break
-            except ContextOverflowError:
-                drop += 1
+        stream = await self._open_fitted(
+            out.line.session_id,
+            history,
+            tail,
+            chat_sampling(self.cast.settings.chat),
+            "tool_dialogue" if out.tool_calls else "dialogue",
+            canned=self.canned(out.line.turn_id),
+        )
         async with stream:
             async for delta in stream:
                 if delta.text:
@@ -693,6 +693,54 @@ class NPCActor:
                 if delta.prompt_tokens:
                     self.cast.stats.reply_prompt_tokens += delta.prompt_tokens
                     self.cast.stats.reply_cached_tokens += delta.cached_tokens
+
+    async def _open_fitted(
+        self,
+        session_id: str,
+        history: list[ChatMessage],
+        tail: Sequence[ChatMessage],
+        sampling: Sampling,
+        kind: str,
+        *,
+        canned: str | None = None,
+    ) -> RoutedStream:
+        """Open a reply to `tail` with as much of the session's conversation as the model's
+        context holds. While the prompt overflows, the window's start jumps to the newest half
+        of the exchanges that fit beside `tail`: the new start then holds for the lines after,
+        each extending the prompt the engine has cached. (Dropping one exchange at a time
+        would move the start at every line once the context is full, and every line would
+        evaluate the whole conversation again.)
+
+        Raises:
+            ContextOverflowError: even the persona and `tail` alone do not fit.
+        """
+        drop = 0
+        while True:
+            held = len(self._window(session_id, history))
+            messages = self._reply_messages(session_id, history, *tail, drop=min(drop, held))
+            if messages is None:  # cannot happen with drop <= held; for the type checker
+                raise ContextOverflowError("the window lost its exchanges")
+            request = GenerationRequest(
+                npc_id=self.npc_id,
+                session_id=session_id,
+                messages=messages,
+                priority=Priority.SILVER,
+                sampling=sampling,
+            )
+            try:
+                return await self._open(request, kind, AdapterTask.DIALOGUE_STYLE, canned=canned)
+            except ContextOverflowError:
+                if drop >= held:  # no exchange was left in that prompt
+                    raise ContextOverflowError(
+                        "the persona and this line do not fit the model's context; say less"
+                    ) from None
+                # Keep the newest half of the exchanges that fit beside this line (one fewer
+                # than were held, at most): 3 fit, 1 kept; 2 fit, none kept.
+                left = len(self._window(session_id, history))
+                drop = left - (left - 1) // 2
+
+    def _more_lore_tokens(self) -> int:
+        return self.cast.settings.dialogue.more_lore_tokens
 
     async def _open(
         self, request: GenerationRequest, kind: str, task: AdapterTask, *, canned: str | None

@@ -687,6 +687,24 @@ class Engine:
 
     def _finish(self, active: _Active, reason: FinishReason, *, keep: int | None = None) -> None:
         self._counts["cancelled" if reason == "cancelled" else "completed"] += 1
+        if logger.isEnabledFor(logging.DEBUG):
+            now, req = time.monotonic(), active.request
+            logger.debug(
+                "%s %s/%s %s: prompt %d tokens (%d cached), queued %.0f ms, first token %s, "
+                "%d tokens in %.0f ms",
+                req.request_id[:8],
+                req.npc_id,
+                req.session_id,
+                reason,
+                len(active.prompt),
+                active.cached,
+                ((active.scheduled_at or now) - active.submitted) * 1000,
+                f"{(active.first_token_at - active.submitted) * 1000:.0f} ms"
+                if active.first_token_at
+                else "none",
+                active.generated,
+                (now - active.submitted) * 1000,
+            )
         self._close_request(active, keep=keep)
         self._emit(active, active.text[active.sent :], reason)
 

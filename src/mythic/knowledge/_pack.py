@@ -365,19 +365,23 @@ def intent_prompt(
 MORE_LORE = "## More Lore"
 
 
-def lore_beyond(prepared: str | None, lore: str | None) -> str | None:
+def lore_beyond(
+    prepared: str | None, lore: str | None, *, max_chars: int | None = None
+) -> str | None:
     """The lines of a `## Lore` section `lore` that `prepared` (another `## Lore` section)
     lacks, as a `## More Lore` section, each under its `From ...:` source; None when it lacks
-    none.
+    none. With `max_chars`, only the lines that fit in that many characters, in `lore`'s
+    order (most relevant first); a line too long is skipped for shorter ones after it.
 
     A reply prepared while the player spoke (lore retrieved for their words so far) keeps
-    that lore, already evaluated, and adds only what the whole line retrieves beyond it: every
-    line the whole line's retrieval found is in the prompt, and few new tokens are evaluated.
+    that lore, already evaluated, and adds only what the whole line retrieves beyond it, so
+    few new tokens are evaluated after the player stops speaking; `max_chars` bounds them.
     """
     if not lore:
         return None
     known = set(prepared.splitlines()) if prepared else set()
     lines: list[str] = []
+    used = len(MORE_LORE)
     source: str | None = None
     told: str | None = None
     for line in lore.splitlines():
@@ -388,8 +392,13 @@ def lore_beyond(prepared: str | None, lore: str | None) -> str | None:
             continue
         if not line or line in known:
             continue
-        if source is not None and source != told:
-            lines.append(source)
-            told = source
+        header = source if source is not None and source != told else None
+        cost = len(line) + 1 + (len(header) + 1 if header is not None else 0)
+        if max_chars is not None and used + cost > max_chars:
+            continue
+        if header is not None:
+            lines.append(header)
+            told = header
         lines.append(line)
+        used += cost
     return "\n".join([MORE_LORE, *lines]) if lines else None
