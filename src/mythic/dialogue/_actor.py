@@ -18,7 +18,7 @@ import logging
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -436,8 +436,13 @@ class NPCActor:
             if memory is not None and line.player_id is not None:
                 await self._recall(memory, session, line.player_id)
             out.told = await self._told(session, line.text)
+
+            async def retell() -> list[ChatMessage]:
+                out.told = self._telling((await self._context(session, line.text)).messages)
+                return [*out.told, user]
+
             decide = cast.settings.dialogue.decide
-            async for text in self._generate(out, history, *out.told, user):
+            async for text in self._generate(out, history, *out.told, user, retell=retell):
                 if decide and decision_task is None:
                     # The decision (gold) starts once the reply has its first token, so it
                     # cannot delay that token; it is needed only when the reply ends.
@@ -538,8 +543,19 @@ class NPCActor:
         # Room for the reply, the line and its more lore: a prompt that fits now but not with
         # them would make the turn drop exchanges and evaluate everything again.
         room = self.cast.settings.chat.max_tokens + _LINE_TOKENS + self._more_lore_tokens()
+
+        async def retell() -> list[ChatMessage]:
+            nonlocal told
+            told = await self._context(session, prep.text)
+            return told.messages
+
         stream = await self._open_fitted(
-            session, history, told.messages, Sampling(max_tokens=room, temperature=0.0), "dialogue"
+            session,
+            history,
+            told.messages,
+            Sampling(max_tokens=room, temperature=0.0),
+            "dialogue",
+            retell=retell,
         )
         # Open is back once the first token is: the prompt is evaluated, and its KV (all that
         # was wanted) stays with the session when the request is stopped.
@@ -578,6 +594,10 @@ class NPCActor:
         elif prepared is not None:
             how = "prepared with another scene: not used"
         log.debug("%s/%s: the line's context is %s", self.npc_id, session, how)
+        return self._telling(messages)
+
+    def _telling(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        """`messages`, the context a line tells, kept whole in `last_context` too."""
         self.last_context = (
             ChatMessage("system", "\n\n".join(m.content for m in messages)) if messages else None
         )
@@ -627,22 +647,23 @@ class NPCActor:
         return ("\n".join(lore) if lore else None), scene
 
     def _reply_messages(
-        self, session_id: str, history: list[ChatMessage], *tail: ChatMessage, drop: int = 0
-    ) -> list[ChatMessage] | None:
+        self, session_id: str, history: list[ChatMessage], *tail: ChatMessage
+    ) -> list[ChatMessage]:
         """Persona, the session's memory section, the exchanges of the prompt window
-        (`_window`) without the `drop` oldest, then `tail`; None when there are not `drop`
-        exchanges left to drop. A drop moves the window's start for later prompts too."""
+        (`_window`), then `tail`."""
         starts = self._window(session_id, history)
-        if drop > len(starts):
-            return None
-        begin = starts[drop] if drop < len(starts) else len(history)
-        if drop and begin < len(history):
-            self._window_start[session_id] = (history[begin], False)
-        elif drop and history:  # every exchange dropped: the window starts with the next one
-            self._window_start[session_id] = (history[-1], True)
         remembered = self._memory_told.get(session_id)
         head = [self.system, remembered] if remembered is not None else [self.system]
-        return [*head, *history[begin:], *tail]
+        return [*head, *history[starts[0] if starts else len(history) :], *tail]
+
+    def _drop_exchanges(self, session_id: str, history: list[ChatMessage], drop: int) -> None:
+        """Move the start of the session's prompt window past its `drop` oldest exchanges
+        (all of them: it starts with the next exchange), for this prompt and the later ones."""
+        starts = self._window(session_id, history)
+        if drop < len(starts):
+            self._window_start[session_id] = (history[starts[drop]], False)
+        elif history:
+            self._window_start[session_id] = (history[-1], True)
 
     def _window(self, session_id: str, history: list[ChatMessage]) -> list[int]:
         """Where the exchanges of the session's prompt window begin in `history`.
@@ -668,10 +689,14 @@ class NPCActor:
         return starts
 
     async def _generate(
-        self, out: _TurnOutput, history: list[ChatMessage], *tail: ChatMessage
+        self,
+        out: _TurnOutput,
+        history: list[ChatMessage],
+        *tail: ChatMessage,
+        retell: Callable[[], Awaitable[Sequence[ChatMessage]]] | None = None,
     ) -> AsyncIterator[str]:
         """Stream a reply to `tail`, dropping the oldest exchanges while the prompt overflows
-        the context; the engine's finish reason lands in `out.reason`.
+        the context (`_open_fitted`); the engine's finish reason lands in `out.reason`.
 
         Raises:
             ContextOverflowError: even the persona and `tail` alone do not fit.
@@ -683,6 +708,7 @@ class NPCActor:
             chat_sampling(self.cast.settings.chat),
             "tool_dialogue" if out.tool_calls else "dialogue",
             canned=self.canned(out.line.turn_id),
+            retell=retell,
         )
         async with stream:
             async for delta in stream:
@@ -703,41 +729,41 @@ class NPCActor:
         kind: str,
         *,
         canned: str | None = None,
+        retell: Callable[[], Awaitable[Sequence[ChatMessage]]] | None = None,
     ) -> RoutedStream:
         """Open a reply to `tail` with as much of the session's conversation as the model's
         context holds. While the prompt overflows, the window's start jumps to the newest half
         of the exchanges that fit beside `tail`: the new start then holds for the lines after,
         each extending the prompt the engine has cached. (Dropping one exchange at a time
         would move the start at every line once the context is full, and every line would
-        evaluate the whole conversation again.)
+        evaluate the whole conversation again.) After a jump, `retell` gives the tail again:
+        the lore and scene a line tells depend on what the window still holds. An overflow is
+        found before anything is evaluated, so a jump costs no model time.
 
         Raises:
             ContextOverflowError: even the persona and `tail` alone do not fit.
         """
-        drop = 0
         while True:
-            held = len(self._window(session_id, history))
-            messages = self._reply_messages(session_id, history, *tail, drop=min(drop, held))
-            if messages is None:  # cannot happen with drop <= held; for the type checker
-                raise ContextOverflowError("the window lost its exchanges")
             request = GenerationRequest(
                 npc_id=self.npc_id,
                 session_id=session_id,
-                messages=messages,
+                messages=self._reply_messages(session_id, history, *tail),
                 priority=Priority.SILVER,
                 sampling=sampling,
             )
             try:
                 return await self._open(request, kind, AdapterTask.DIALOGUE_STYLE, canned=canned)
             except ContextOverflowError:
-                if drop >= held:  # no exchange was left in that prompt
+                held = len(self._window(session_id, history))
+                if not held:
                     raise ContextOverflowError(
                         "the persona and this line do not fit the model's context; say less"
                     ) from None
                 # Keep the newest half of the exchanges that fit beside this line (one fewer
                 # than were held, at most): 3 fit, 1 kept; 2 fit, none kept.
-                left = len(self._window(session_id, history))
-                drop = left - (left - 1) // 2
+                self._drop_exchanges(session_id, history, held - (held - 1) // 2)
+                if retell is not None:
+                    tail = await retell()
 
     def _more_lore_tokens(self) -> int:
         return self.cast.settings.dialogue.more_lore_tokens
