@@ -7,6 +7,7 @@ import json
 import random
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -331,6 +332,22 @@ async def test_a_prompt_longer_than_the_context_is_a_typed_error(smollm: Engine)
         smollm.submit(GenerationRequest(npc_id="x", prompt=huge))
     with pytest.raises(ContextOverflowError):
         smollm.submit(ask("x", huge, 16))
+
+
+async def test_room_tokens_overflow_a_prompt_that_fits_its_own_tokens(smollm: Engine) -> None:
+    """A warm-up asking for one token, keeping room for the reply that follows, overflows
+    where that reply would; without the room it runs."""
+    limit = smollm.config.scheduler.kv_capacity - smollm.config.scheduler.gold_kv_reserve
+    limit = min(limit, smollm.backend.n_ctx_seq)
+    text = "the fog rolls in " * 300  # some 1,200 tokens: fits 2,048 with one more
+    warm = GenerationRequest(npc_id="room", prompt=text, sampling=Sampling(max_tokens=1))
+    assert (await smollm.submit(warm).collect()).text is not None
+    with pytest.raises(ContextOverflowError, match="room_tokens=1000"):
+        smollm.submit(replace(warm, room_tokens=1000, request_id="r2"))
+    with pytest.raises(ContextOverflowError, match="leaves no room"):
+        smollm.submit(replace(warm, room_tokens=limit, request_id="r3"))
+    with pytest.raises(InvalidRequestError, match="room_tokens"):
+        smollm.submit(replace(warm, room_tokens=-1, request_id="r4"))
 
 
 async def test_truncate_policy_drops_the_oldest_turns(settings: MythicSettings) -> None:

@@ -553,13 +553,13 @@ class NPCActor:
             session,
             history,
             told.messages,
-            Sampling(max_tokens=room, temperature=0.0),
+            Sampling(max_tokens=1, temperature=0.0),
             "dialogue",
             retell=retell,
+            room=room,
         )
-        # Open is back once the first token is: the prompt is evaluated, and its KV (all that
-        # was wanted) stays with the session when the request is stopped.
-        await stream.aclose()
+        async with stream:  # the KV is what was wanted; the token generated is dropped
+            await stream.collect()
         self._prepared[session] = told
         self.warm_ups += 1
         self.cast.stats.warm_ups += 1
@@ -730,15 +730,17 @@ class NPCActor:
         *,
         canned: str | None = None,
         retell: Callable[[], Awaitable[Sequence[ChatMessage]]] | None = None,
+        room: int = 0,
     ) -> RoutedStream:
         """Open a reply to `tail` with as much of the session's conversation as the model's
         context holds. While the prompt overflows, the window's start jumps to the newest half
         of the exchanges that fit beside `tail`: the new start then holds for the lines after,
         each extending the prompt the engine has cached. (Dropping one exchange at a time
         would move the start at every line once the context is full, and every line would
-        evaluate the whole conversation again.) After a jump, `retell` gives the tail again:
-        the lore and scene a line tells depend on what the window still holds. An overflow is
-        found before anything is evaluated, so a jump costs no model time.
+        evaluate the whole conversation again.) `room`: context to leave free beyond the
+        reply's tokens (`GenerationRequest.room_tokens`). After a jump, `retell` gives the
+        tail again: the lore and scene a line tells depend on what the window still holds.
+        An overflow is found before anything is evaluated, so a jump costs no model time.
 
         Raises:
             ContextOverflowError: even the persona and `tail` alone do not fit.
@@ -750,6 +752,7 @@ class NPCActor:
                 messages=self._reply_messages(session_id, history, *tail),
                 priority=Priority.SILVER,
                 sampling=sampling,
+                room_tokens=room,
             )
             try:
                 return await self._open(request, kind, AdapterTask.DIALOGUE_STYLE, canned=canned)

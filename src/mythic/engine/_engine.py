@@ -367,12 +367,16 @@ class Engine:
         if request.priority is not Priority.GOLD:
             limit -= self.config.scheduler.gold_kv_reserve
         limit = min(limit, self.backend.n_ctx_seq)
-        if s.max_tokens >= limit:
+        if request.room_tokens < 0:
+            raise InvalidRequestError("room_tokens must be >= 0")
+        need = s.max_tokens + request.room_tokens
+        if need >= limit:
             raise ContextOverflowError(
-                f"max_tokens={s.max_tokens} leaves no room for a prompt in {limit} tokens"
+                f"max_tokens={s.max_tokens} with room_tokens={request.room_tokens} leaves no "
+                f"room for a prompt in {limit} tokens"
             )
-        if len(prompt) + s.max_tokens > limit:
-            prompt, prefix_len = self._fit(request, prompt, prefix_len, limit - s.max_tokens)
+        if len(prompt) + need > limit:
+            prompt, prefix_len = self._fit(request, prompt, prefix_len, limit - need)
 
         grammar = request.grammar
         if request.json_schema is not None:
@@ -456,9 +460,10 @@ class Engine:
         self, request: GenerationRequest, prompt: list[int], prefix_len: int, budget: int
     ) -> tuple[list[int], int]:
         if self.config.overflow == "error":
+            room = f" and room_tokens={request.room_tokens}" if request.room_tokens else ""
             raise ContextOverflowError(
                 f"the prompt has {len(prompt)} tokens; with max_tokens="
-                f"{request.sampling.max_tokens} at most {budget} fit",
+                f"{request.sampling.max_tokens}{room} at most {budget} fit",
                 fix="shorten the history, lower max_tokens, raise engine.n_ctx, or set "
                 "engine.overflow: truncate",
             )

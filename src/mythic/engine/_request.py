@@ -39,6 +39,10 @@ class GenerationRequest:
     """Constrain the output to a GBNF grammar (root rule `root`)."""
     adapters: Mapping[str, float] = field(default_factory=dict)
     """LoRA adapters to apply, by loaded name, with their scales."""
+    room_tokens: int = 0
+    """Context the prompt must leave free beyond `sampling.max_tokens`: a prompt that leaves
+    less overflows as one too long for `max_tokens` does. A warm-up that evaluates the start
+    of a longer prompt to come (one token generated) keeps room for the rest with it."""
     continue_text: str = ""
     """Reply text already given (by an endpoint that failed mid-stream): the prompt ends with
     it and the generation continues it. Only with `messages`."""
