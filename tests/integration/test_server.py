@@ -687,10 +687,11 @@ async def test_the_prompt_window_keeps_its_start_and_jumps_by_half(
 async def test_a_full_context_moves_the_window_by_half_not_one_exchange_a_line(
     engines: tuple[Engine, Engine], settings: MythicSettings
 ) -> None:
-    """Long lines fill the model's context within a few exchanges. The prompt that overflows
-    drops the older half of its window, and the next line extends that prompt (its start,
-    and the engine's cache of it, hold): the window never moves at two lines in a row, as it
-    did dropping one exchange whenever the prompt overflowed."""
+    """Long lines fill the model's context within a few exchanges. Right after a reply whose
+    session's next line would overflow, the window drops the older half of what fits (the
+    reply is settled while the player listens), and the next line extends that prompt: its
+    start, and the engine's cache of it, hold. The window never moves at two lines in a
+    row, as it did dropping one exchange whenever the prompt overflowed."""
     talk = engines[0]
     places = ["mill", "bridge", "chapel", "market", "harbour", "tavern", "gate", "crypt"]
     lines = [
@@ -707,7 +708,7 @@ async def test_a_full_context_moves_the_window_by_half_not_one_exchange_a_line(
         httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http,
     ):
         actor = gateway.cast.actor("marla")
-        firsts: list[str] = []
+        firsts: list[str | None] = []  # the window's first line once the reply is settled
         cached: list[int] = []
         for line in lines:
             before = talk.metrics()
@@ -715,12 +716,20 @@ async def test_a_full_context_moves_the_window_by_half_not_one_exchange_a_line(
             assert reply.status_code == 200, reply.text
             after = talk.metrics()
             cached.append(after.cached_prompt_tokens - before.cached_prompt_tokens)
+            await until(lambda: actor._warm_task is not None and actor._warm_task.done())
+            actor._warm_task = None  # the next line's settle is waited for afresh
             history = actor.histories["http.f"]
             starts = actor._window("http.f", history)
-            firsts.append(next(m.content for m in history[starts[0] :] if m.role == "user"))
-    moved = [n for n in range(1, len(lines)) if firsts[n] != firsts[n - 1]]
+            users = [m.content for m in history[starts[0] :] if m.role == "user"] if starts else []
+            firsts.append(users[0] if users else None)
+        settled = actor.settled
+    # A move drops exchanges (a window that starts with its newest line after an empty one
+    # has only grown).
+    moved = [n for n in range(1, len(lines)) if None is not firsts[n - 1] != firsts[n]]
     assert moved, "the lines never filled the context: make them longer"
     assert all(b - a > 1 for a, b in itertools.pairwise(moved)), (moved, cached)
-    for n in moved:  # the line after a move finds the moved prompt cached, beyond the persona
-        if n + 1 < len(lines):
-            assert cached[n + 1] > cached[n], (n, cached)
+    assert settled == len(lines)
+    # Every line whose window kept an exchange finds it cached, beyond the persona.
+    for n in range(1, len(lines)):
+        if firsts[n - 1] is not None:
+            assert cached[n] > cached[0], (n, firsts, cached)

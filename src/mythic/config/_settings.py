@@ -187,7 +187,9 @@ class DialogueSettings(_Section):
     transcript: the session's memory, the lore retrieved for the words so far, and the KV of
     everything before their line (a one-token request on the dialogue tier). The reply's first
     token then waits only for the line itself. A warm-up counts as a dialogue request in
-    `/v1/usage`; a partial that changes the retrieved lore warms again."""
+    `/v1/usage`; a partial that changes the retrieved lore warms again. Right after each
+    reply, too, a session whose next line would overflow the context has its prompt window
+    moved and evaluated then, while the player listens (a one-token request)."""
 
     more_lore_tokens: int = Field(default=64, ge=0, le=4096)
     """When the reply's prompt was prepared while the player spoke, the lore the whole line

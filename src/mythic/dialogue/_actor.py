@@ -20,6 +20,7 @@ import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from mythic._errors import MythicError
@@ -199,6 +200,8 @@ class NPCActor:
         self._window_start: dict[str, tuple[ChatMessage, bool]] = {}
         """Per session, the message its prompt window begins with (`_window`), or, flagged
         True, the message it follows (when an overflow dropped every exchange)."""
+        self.settled = 0
+        """Windows checked (and moved where the next line would overflow) after a reply."""
         self._prepared: dict[str, _Told] = {}
         """Per session, the context whose prompt the engine last prepared (`PrepareLine`)."""
         self.warm_ups = 0
@@ -349,6 +352,7 @@ class NPCActor:
                 if self._turn is not None and self._turn.task.done():
                     self._turn = None
                 self._next_held(tasks)
+                self._settle_after(tasks)
 
     def _start_turn(self, line: PlayerLine, tasks: asyncio.TaskGroup) -> None:
         task = tasks.create_task(self._run_turn(line), name=f"turn {self.npc_id}/{line.turn_id}")
@@ -511,20 +515,63 @@ class NPCActor:
                 told = self.cast.knowledge.fit_memory(self.npc_id, told)
             self._memory_told[session] = ChatMessage("system", told) if told else None
 
-    async def _warm(self, prep: PrepareLine | None) -> None:
-        """Prepare the prompts of `PrepareLine`s, the newest waiting one after each, until none
-        is waiting or a turn starts. A failure only costs the warm-up: the turn does it all."""
-        while prep is not None and self._turn is None:
-            self._warming = prep.session_id
+    def _settle_after(self, tasks: asyncio.TaskGroup) -> None:
+        """Once a reply is done and nothing else is running, `_settle` its session."""
+        last = self.last_turn
+        if (
+            self._turn is not None
+            or last is None
+            or last.finish not in ("stop", "length")
+            or not self.cast.settings.dialogue.prefill_while_speaking
+            or (self._warm_task is not None and not self._warm_task.done())
+        ):
+            return
+        self._warm_task = tasks.create_task(
+            self._warm(None, settle=last.session_id), name=f"settle {self.npc_id}"
+        )
+
+    async def _warm(self, prep: PrepareLine | None, *, settle: str | None = None) -> None:
+        """`_settle` the session `settle`, then prepare the prompts of `PrepareLine`s, the
+        newest waiting one after each, until none is waiting or a turn starts. A failure only
+        costs the warm-up: the turn does it all."""
+        work: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        if settle is not None:
+            work.append((settle, partial(self._settle, settle)))
+        elif prep is not None:
+            work.append((prep.session_id, partial(self._prepare, prep)))
+        while work and self._turn is None:
+            session, run = work.pop()
+            self._warming = session
             try:
-                await self._prepare(prep)
+                await run()
             except (RequestError, EngineError, ContextOverflowError) as exc:
-                log.debug("%s: no warm-up for %s: %s", self.npc_id, prep.session_id, exc)
+                log.debug("%s: no warm-up for %s: %s", self.npc_id, session, exc)
             except MythicError as exc:  # no endpoint, knowledge trouble: the turn will tell
-                log.info("%s: no warm-up for %s: %s", self.npc_id, prep.session_id, exc)
+                log.info("%s: no warm-up for %s: %s", self.npc_id, session, exc)
             finally:
                 self._warming = None
-            prep, self._next_warm = self._next_warm, None
+            waiting, self._next_warm = self._next_warm, None
+            if waiting is not None:
+                work.append((waiting.session_id, partial(self._prepare, waiting)))
+
+    async def _settle(self, session: str) -> None:
+        """Right after a reply (the player listens, the engine is idle): when the session's
+        next line would overflow the model's context, with a reply and room for the lore it
+        may tell, move the prompt window now and evaluate it, rather than when the player has
+        spoken. A window that fits costs one token: its prompt is cached whole."""
+        history = self.histories.get(session)
+        if not history:
+            return
+        settings = self.cast.settings
+        room = settings.chat.max_tokens + _LINE_TOKENS + self._more_lore_tokens()
+        if self.cast.knowledge is not None and self.cast.retrieval:
+            room += settings.knowledge.lore_tokens
+        stream = await self._open_fitted(
+            session, history, (), Sampling(max_tokens=1, temperature=0.0), "dialogue", room=room
+        )
+        async with stream:
+            await stream.collect()
+        self.settled += 1
 
     async def _prepare(self, prep: PrepareLine) -> None:
         """Evaluate the prompt a line to `prep.session_id` would get, up to the line: persona,
