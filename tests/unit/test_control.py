@@ -375,6 +375,131 @@ def test_a_horde_refreshing_separation_seldom_still_never_overlaps() -> None:
     assert controller.steering.neighbours.builds < 30.0 / DT / 4
 
 
+def test_overlap_pushes_match_pushes_over_every_pair() -> None:
+    # The pushes look only at the listed pairs near touching; a packed horde's pushes equal
+    # those found by comparing every pair with every other, frame after frame. Without
+    # separation steering, only the pushes keep the horde pressing on the player apart.
+    controller = Controller(settings=ControlSettings(seed=3, separation_weight=0.0))
+    rng = np.random.default_rng(0)
+    for k, p in enumerate(rng.random((150, 2)) * 14 - 7 + (10.0, 0.0)):
+        controller.add(f"z{k}", "zombie", p)
+
+    def circling(now: float) -> Player:  # the horde presses after a player walking a circle
+        angle = 0.4 * now
+        return Player((4 * math.cos(angle), 4 * math.sin(angle)), (0.0, 0.0), angle)
+
+    end = run(controller, 4.0, circling)  # packed around the player by now
+    steering = controller.steering
+    crowd = controller.crowd
+    body = crowd.body_radius[:150].astype(np.float64)
+    reach = body[:, None] + body[None, :]
+    separate = steering._separate_bodies
+    pushed: list[float] = []
+
+    def checked(crowd_: Any, passes: int, dt: float) -> None:
+        pos = crowd.pos[:150].astype(np.float64)
+        for _ in range(passes):  # every overlapping pair, each pushed apart by half
+            delta = pos[None, :, :] - pos[:, None, :]
+            dist = np.linalg.norm(delta, axis=2)
+            i, j = np.nonzero(np.triu(dist < reach, 1))
+            if i.size == 0:
+                break
+            move = delta[i, j] * ((reach[i, j] - dist[i, j]) / 2 / dist[i, j])[:, None]
+            np.subtract.at(pos, i, move)
+            np.add.at(pos, j, move)
+        before = crowd.pos[:150].astype(np.float64)
+        separate(crowd_, passes, dt)
+        after = crowd.pos[:150].astype(np.float64)
+        pushed.append(float(np.abs(after - before).max()))
+        np.testing.assert_allclose(after, pos, rtol=0, atol=1e-4)
+
+    steering._separate_bodies = checked  # type: ignore[method-assign]
+    run(controller, 2.0, circling, start=end)
+    assert min(pushed) > 0.001  # bodies were pushed every frame: there were overlaps to see
+
+
+def test_stalk_phases_follow_the_rules_for_every_stalker() -> None:
+    # A crowd of vampires around a player who looks along +x: one vectorised pass gives each
+    # the phase its own distance, the player's view and its previous phase call for.
+    settings = ControlSettings()
+    controller = Controller(settings=settings)
+    places = [
+        (r * math.cos(a), r * math.sin(a))
+        for r in (0.6, 1.3, 5.0, 8.0, 9.5, 15.0, 29.0, 35.0, 45.0)
+        for a in (0.0, 1.5, 3.14)
+    ]
+    for k, p in enumerate(places):
+        controller.add(f"v{k}", "vampire", p)
+    crowd = controller.crowd
+    n = len(places)
+    crowd.stalk_phase[:n:2] = StalkPhase.RUSH  # every other one was rushing
+    before = crowd.stalk_phase[:n].copy()
+    controller.frame(1e-4, 0.0, ORIGIN)
+    half_fov = math.radians(settings.prey_fov_deg) / 2
+    for k, (x, y) in enumerate(places):
+        dist = math.hypot(x, y)
+        seen = dist < settings.prey_sight_m and x / dist >= math.cos(half_fov)
+        rush_m = settings.rush_m * (1.5 if before[k] == StalkPhase.RUSH else 1.0)
+        if dist > 40.0:  # out of reach
+            want = StalkPhase.PROWL
+        elif dist <= 1.2 + settings.arrive_tolerance_m:
+            want = StalkPhase.FEED
+        elif dist <= rush_m:
+            want = StalkPhase.RUSH
+        else:
+            want = StalkPhase.FREEZE if seen else StalkPhase.CREEP
+        assert crowd.stalk_phase[k] == want, (k, x, y)
+
+
+def test_wandering_turns_by_standard_normal_steps() -> None:
+    steering = Controller().steering
+    draws = np.concatenate([steering._standard_normal(k) for k in (1, 2, 999, 200_000)])
+    assert draws.dtype == np.float32 and len(draws) == 201_002
+    assert abs(float(draws.mean())) < 0.01
+    assert abs(float(draws.std()) - 1.0) < 0.01
+    assert abs(float((np.abs(draws) > 2).mean()) - 0.0455) < 0.003  # the normal's tails
+    assert abs(float((np.abs(draws) > 3).mean()) - 0.0027) < 0.0006
+
+
+@pytest.mark.parametrize("tiers_every_frame", [False, True])
+def test_horde_refreshes_take_turns_and_never_wait_long(tiers_every_frame: bool) -> None:
+    # At 300 frames a second, separation (every 10 frames), cohesion and the tiers (every
+    # 30) never refresh in the same frame; a refresh waits two frames at most, even when
+    # the tiers take every frame.
+    dt = 1 / 300
+    period = 1e-4 if tiers_every_frame else 0.1
+    controller = Controller(settings=ControlSettings(seed=1, tier_period_s=period))
+    rng = np.random.default_rng(2)
+    for k, p in enumerate(rng.random((40, 2)) * 10 + (20.0, 0.0)):
+        controller.add(f"z{k}", "zombie", p)
+    steering = controller.steering
+    ran: dict[str, list[int]] = {"tiers": [], "separation": [], "cohesion": []}
+    frame = [0]
+
+    def spy(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any) -> Any:
+            ran[name].append(frame[0])
+            return method(*args)
+
+        return wrapped
+
+    controller._update_tiers = spy("tiers", controller._update_tiers)  # type: ignore[method-assign]
+    steering._separation_fields = spy("separation", steering._separation_fields)  # type: ignore[method-assign]
+    steering._refresh_cohesion = spy("cohesion", steering._refresh_cohesion)  # type: ignore[method-assign]
+
+    def count(now: float) -> None:
+        frame[0] += 1
+
+    run(controller, 2.0, dt=dt, each=count)
+    for name, every in (("separation", 10), ("cohesion", 30)):
+        gaps = np.diff(ran[name])
+        assert gaps.max() <= every + 1 + 2  # a frame of rounding, two of waiting
+        assert len(ran[name]) >= 600 / (every + 3)
+    if not tiers_every_frame:  # but for the first frame, where separation is due at once
+        frames = [f for runs in ran.values() for f in runs if f > 0]
+        assert len(set(frames)) == len(frames)
+
+
 def test_npcs_added_removed_or_teleported_between_frames_are_pushed_apart() -> None:
     controller = Controller()
     for k in range(30):
@@ -471,6 +596,32 @@ def test_the_neighbour_list_finds_what_a_new_search_finds(skin: float, velocity:
     shuffled = pos[::-1].copy()  # the same places, the rows in another order
     pairs = neighbours.pairs(shuffled, "other rows")
     assert pair_set(pairs.i, pairs.j) == brute_pairs(shuffled, 1.2)
+
+
+@pytest.mark.parametrize("velocity", ["right", "wrong"])
+def test_touching_holds_every_pair_whose_bodies_may_touch(velocity: str) -> None:
+    rng = np.random.default_rng(4)
+    pos = (rng.random((250, 2)) * 12).astype(np.float32)
+    body = np.where(rng.random(250) < 0.3, 0.45, 0.3).astype(np.float32)
+    neighbours = NeighbourList(1.2, 0.5)
+    gap = 0.16
+    for frame in range(200):
+        step = rng.normal(0, 0.01, pos.shape).astype(np.float32)
+        step[:5] += np.float32(0.05)  # a few run, and wear the skin out for everyone
+        pos += step
+        if frame == 100:
+            pos[7] = pos[200] + 0.1  # teleported onto someone
+        vel = step / np.float32(DT) if velocity == "right" else None
+        neighbours.update(pos, "rows", vel, DT)
+        i, j, reach = neighbours.touching(body, gap)
+        found = pair_set(i, j)
+        assert len(found) == len(i)  # each pair once
+        np.testing.assert_array_equal(reach, body[i] + body[j])
+        d = np.linalg.norm(pos[:, None, :] - pos[None, :, :], axis=2)
+        close = (d - body[:, None] - body[None, :] < gap) & (d < 1.2)
+        want = set(zip(*np.nonzero(np.triu(close, 1)), strict=True))
+        assert {(int(a), int(b)) for a, b in want} <= found
+    assert neighbours.builds > 3  # the bands were cut from several lists
 
 
 @pytest.mark.parametrize("spread", [20.0, 5000.0])  # a table over the box; sorted cells

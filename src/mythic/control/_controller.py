@@ -295,11 +295,12 @@ class Controller:
             self._apply(row, update)
         self.crowd.apply_defaults(self.intents.expire(now), blend_s=blend_s)
         self.intents.time_out(now)
-        if now >= self._next_tier_at:
+        tiers_due = now >= self._next_tier_at
+        if tiers_due:
             self._update_tiers(player, now)
             self._next_tier_at = now + self.settings.tier_period_s
         self.intents.issue_due(now, self.source)
-        self.steering.step(self.crowd, player, dt)
+        self.steering.step(self.crowd, player, dt, busy=tiers_due)
         self._frames += 1
 
     def _resolve(self, row: int, target: str | None) -> tuple[int, tuple[float, float] | None]:

@@ -8,9 +8,14 @@ beside it in the next). A sort and a few binary searches, whatever the layout.
 
 That is still dear at thousands of NPCs, and NPCs move centimetres per frame, so
 `NeighbourList` keeps the pairs within the radius *plus a skin* and reuses them for as long as
-no pair can have closed by more than the skin (a Verlet list): each frame then only measures
-the listed pairs again, and finds exactly the pairs a new search would. The next search runs
-in the background, a slice per frame, so that no frame pays for a whole one.
+no pair can have closed by more than the skin (a Verlet list): measuring only the listed
+pairs again finds exactly the pairs a new search would. The next search runs in the
+background, a slice per frame, so that no frame pays for a whole one. Bodies only need the
+pairs about to touch: `NeighbourList.touching` gives a band of the list, cut by the gaps
+taken at the search, that holds them all, so a frame measures a fraction of the list.
+
+Positions are read as complex numbers (`complex_positions`): the delta of a pair is two
+gathers instead of four, with the same float32 arithmetic on x and y.
 
 Horde cohesion and alignment average over coarse square cells (`neighbourhood_means`).
 """
@@ -28,9 +33,12 @@ _STRIDE = 1 << 21
 _ALL_NEIGHBOURS = tuple((dx, dy) for dx in (-1, 0, 1) for dy in (-1, 0, 1))
 _SKIN_ROUNDING = 1e-3  # this fraction of the skin is kept for float32 rounding
 _MOST_SLICES = 32  # a search in the background is spread over at most this many frames
+_RATE_DECAY = 0.95  # a frame's share of the closing rate that is kept from the one before
+_BAND_M = 0.1  # metres: `NeighbourList.touching` cuts its bands in steps this wide
 
 Index = NDArray[np.intp]
 F32 = NDArray[np.float32]
+C64 = NDArray[np.complex64]
 
 
 def _cells(x: F32, y: F32, cell: float) -> tuple[Index, Index]:
@@ -61,8 +69,8 @@ def _table(cx: Index, cy: Index) -> tuple[Index, int, int] | None:
 def _expand(starts: Index, counts: Index) -> Index:
     """Concatenate the ranges [starts[k], starts[k] + counts[k]) without a loop."""
     total = int(counts.sum())
-    shift = np.repeat(starts - np.cumsum(counts) + counts, counts)
-    out: Index = shift + np.arange(total, dtype=np.intp)
+    out: Index = np.repeat(starts - np.cumsum(counts) + counts, counts)
+    out += np.arange(total, dtype=np.intp)
     return out
 
 
@@ -72,9 +80,19 @@ class Pairs:
 
     i: Index
     j: Index
-    dx: F32
-    dy: F32
+    delta: C64
+    """`pos[j] - pos[i]` as `dx + i dy` (see `complex_positions`)."""
     d2: F32
+
+    @property
+    def dx(self) -> F32:
+        out: F32 = self.delta.real
+        return out
+
+    @property
+    def dy(self) -> F32:
+        out: F32 = self.delta.imag
+        return out
 
     def __len__(self) -> int:
         return len(self.i)
@@ -82,16 +100,32 @@ class Pairs:
 
 _NO_ROWS = np.zeros(0, dtype=np.intp)
 _NO_VALUES = np.zeros(0, dtype=np.float32)
-NO_PAIRS = Pairs(_NO_ROWS, _NO_ROWS, _NO_VALUES, _NO_VALUES, _NO_VALUES)
+_NO_COMPLEX = np.zeros(0, dtype=np.complex64)
+NO_PAIRS = Pairs(_NO_ROWS, _NO_ROWS, _NO_COMPLEX, _NO_VALUES)
 
 
-def _measure(x: F32, y: F32, i: Index, j: Index, radius: float) -> Pairs:
-    """The pairs among (i, j) closer than `radius` at positions (x, y)."""
-    dx = x[j] - x[i]
-    dy = y[j] - y[i]
-    d2 = dx * dx + dy * dy
-    near = np.flatnonzero(d2 < np.float32(radius * radius))
-    return Pairs(i[near], j[near], dx[near], dy[near], d2[near])
+def complex_positions(pos: F32) -> C64:
+    """Positions (N x 2 float32) as N complex numbers `x + iy`: a pair's delta is then two
+    gathers and one subtraction, with the same float32 arithmetic on each part."""
+    out: C64 = np.ascontiguousarray(pos, dtype=np.float32).view(np.complex64)[:, 0]
+    return out
+
+
+def squared_norm(z: C64) -> F32:
+    """`x * x + y * y` of complex numbers `x + iy`, in float32."""
+    parts = z.view(np.float32)
+    squares = parts * parts
+    out: F32 = squares[0::2] + squares[1::2]
+    return out
+
+
+def _measure(z: C64, i: Index, j: Index, radius: float) -> Pairs:
+    """The pairs among (i, j) closer than `radius` at positions `z` (see `complex_positions`)."""
+    dz = z.take(j)
+    dz -= z.take(i)
+    d2 = squared_norm(dz)
+    near = (d2 < np.float32(radius * radius)).nonzero()[0]
+    return Pairs(i.take(near), j.take(near), dz.take(near), d2.take(near))
 
 
 def _sort(key: NDArray[np.float64], hint: Index | None) -> Index:
@@ -116,19 +150,20 @@ class _Search:
 
     def __init__(self, pos: F32, radius: float, hint: Index | None = None) -> None:
         self.radius = radius
-        self.x: F32 = pos[:, 0].copy()
-        """The positions searched."""
-        self.y: F32 = pos[:, 1].copy()
+        self.z: C64 = complex_positions(pos).copy()
+        """The positions searched (see `complex_positions`)."""
         self.order: Index | None = None
         """The sorted order of the rows (a hint for the next search), None when some
         positions were left out."""
         self._rows: Index | None = None  # the rows searched, when not all
-        self._found: list[tuple[Index, Index]] = []
+        self._found: list[tuple[Index, Index, F32]] = []
         self._done = 0  # sorted ranks searched
-        x, y = self.x, self.y
+        z = self.z
+        x, y = z.real, z.imag
         if not all(math.isfinite(float(v)) for v in (x.min(), x.max(), y.min(), y.max())):
-            self._rows = np.flatnonzero(np.isfinite(x) & np.isfinite(y))
-            x, y = x[self._rows], y[self._rows]
+            self._rows = (np.isfinite(x) & np.isfinite(y)).nonzero()[0]
+            z = z.take(self._rows)
+            x, y = z.real, z.imag
             hint = None
         bottom = float(y.min()) if len(y) else 0.0
         top = float(y.max()) if len(y) else 0.0
@@ -142,38 +177,47 @@ class _Search:
         self._sorted = order
         self._keys = key[order]
         self._span = span
-        self._xs = x[order]
-        self._ys = y[order]
-        # Each position's two runs, found by the first slice.
-        self._runs_found = False
+        self._zs = z.take(order)
+        # Slack for the rounding of the keys: a run may hold a few too many, never too few.
+        end = max(abs(key.min()), abs(key.max())) if len(key) else 0.0
+        self._slack = 4 * float(np.spacing(end))
+        # Each position's two runs: three binary searches of every key, one per frame when
+        # the search is spread over frames.
+        self._runs_left = 3
         self._up = self._right_at = self._right = self._work = _NO_ROWS
 
     def _find_runs(self) -> None:
-        self._runs_found = True
+        """The next of the three binary searches that find each position's two runs."""
         sk = self._keys
-        # Slack for the rounding of the keys: a run may hold a few too many, never too few.
-        end = max(abs(sk[0]), abs(sk[-1])) if len(sk) else 0.0
-        run = self.radius * (1 + 1e-6) + 4 * float(np.spacing(end))
-        rank = np.arange(len(sk), dtype=np.intp)
-        self._up = np.searchsorted(sk, sk + run, side="right") - rank - 1
-        self._right_at = np.searchsorted(sk, sk + (self._span - run), side="left")
-        self._right = np.searchsorted(sk, sk + (self._span + run), side="right") - self._right_at
-        self._work = np.cumsum(self._up + self._right)  # candidates up to each rank
+        run = self.radius * (1 + 1e-6) + self._slack
+        if self._runs_left == 3:
+            rank = np.arange(len(sk), dtype=np.intp)
+            self._up = np.searchsorted(sk, sk + run, side="right") - rank - 1
+        elif self._runs_left == 2:
+            self._right_at = np.searchsorted(sk, sk + (self._span - run), side="left")
+        else:
+            right = np.searchsorted(sk, sk + (self._span + run), side="right")
+            self._right = right - self._right_at
+            self._work = np.cumsum(self._up + self._right)  # candidates up to each rank
+        self._runs_left -= 1
 
     @property
     def finished(self) -> bool:
         return self._done == len(self._sorted)
 
     def advance(self, parts: int = 1) -> None:
-        """Search the next of `parts` equal shares of what is left (all of it for 1; the
-        first of several shares only finds each position's runs)."""
+        """Search the next of `parts` equal shares of what is left (all of it for 1; while
+        more shares are left than binary searches to find the runs, a share is one of
+        those)."""
         lo = self._done
         if lo == len(self._sorted):
             return
-        if not self._runs_found:
-            self._find_runs()
-            if parts > 1:
+        if self._runs_left:
+            if parts > self._runs_left:
+                self._find_runs()
                 return
+            while self._runs_left:
+                self._find_runs()
         if parts <= 1:
             hi = len(self._sorted)
         else:
@@ -186,23 +230,29 @@ class _Search:
         i_sorted = np.repeat(np.concatenate([rank, rank]), count)
         j_sorted = _expand(np.concatenate([rank + 1, self._right_at[lo:hi]]), count)
         # Distances on contiguous sorted coordinates; back to rows only for the pairs kept.
-        dx = self._xs[j_sorted] - self._xs[i_sorted]
-        dy = self._ys[j_sorted] - self._ys[i_sorted]
-        near = np.flatnonzero(dx * dx + dy * dy < np.float32(self.radius * self.radius))
-        i = self._sorted[i_sorted[near]]
-        j = self._sorted[j_sorted[near]]
+        dz = self._zs.take(j_sorted)
+        dz -= self._zs.take(i_sorted)
+        d2 = squared_norm(dz)
+        near = (d2 < np.float32(self.radius * self.radius)).nonzero()[0]
+        i = self._sorted.take(i_sorted.take(near))
+        j = self._sorted.take(j_sorted.take(near))
         if self._rows is not None:
-            i, j = self._rows[i], self._rows[j]
-        self._found.append((i, j))
+            i, j = self._rows.take(i), self._rows.take(j)
+        self._found.append((i, j, d2.take(near)))
         self._done = hi
+        if hi == len(self._sorted):  # done: let go of what only the slices read
+            self._zs = _NO_COMPLEX
+            self._up = self._right_at = self._right = self._work = _NO_ROWS
 
-    def pairs(self) -> tuple[Index, Index]:
-        """Rows `(i, j)` of the pairs found (all of them once finished)."""
+    def pairs(self) -> tuple[Index, Index, F32]:
+        """Rows `(i, j)` of the pairs found (all of them once finished), and their squared
+        distances at the positions searched."""
         if len(self._found) != 1:
-            found = self._found or [(_NO_ROWS, _NO_ROWS)]
-            self._found = [
-                (np.concatenate([i for i, _ in found]), np.concatenate([j for _, j in found]))
-            ]
+            found = self._found or [(_NO_ROWS, _NO_ROWS, _NO_VALUES)]
+            i = np.concatenate([i for i, _, _ in found])
+            j = np.concatenate([j for _, j, _ in found])
+            d2 = np.concatenate([d2 for _, _, d2 in found])
+            self._found = [(i, j, d2)]
         return self._found[0]
 
 
@@ -216,10 +266,10 @@ def close_pairs(pos: F32, radius: float) -> tuple[Index, Index, F32, F32]:
         return _NO_ROWS, _NO_ROWS, np.zeros((0, 2), dtype=np.float32), _NO_VALUES
     search = _Search(pos, radius)
     search.advance()
-    i, j = search.pairs()
-    pairs = _measure(pos[:, 0], pos[:, 1], i, j, radius)
+    i, j, _ = search.pairs()
+    pairs = _measure(complex_positions(pos), i, j, radius)
     dist: F32 = np.sqrt(pairs.d2)
-    return pairs.i, pairs.j, np.stack([pairs.dx, pairs.dy], axis=1), dist
+    return pairs.i, pairs.j, pairs.delta.view(np.float32).reshape(-1, 2), dist
 
 
 class NeighbourList:
@@ -236,6 +286,11 @@ class NeighbourList:
     or when the rows changed, the list is searched again at once (over just the radius while
     pairs close by more than the skin a frame, when no list could last). A larger skin
     searches less often and measures more pairs each frame.
+
+    `update` keeps the list and `measure` measures it; a caller that needs the close pairs
+    only now and then (separation steering) updates every frame and measures when it needs
+    them. `touching` narrows the list to the pairs whose bodies may touch, from distances
+    kept since the search, without measuring the whole list.
     """
 
     def __init__(self, radius: float, skin: float, *, early: float = 0.3) -> None:
@@ -250,27 +305,48 @@ class NeighbourList:
         self._version: object = None
         self._frame = 0
         self._since = 0  # the frame the list's positions are for (at most the current one)
-        self._x = _NO_VALUES
-        self._y = _NO_VALUES
+        self._closed = 0.0  # how far any pair may have moved since then, as of `update`
+        # How fast the lists have been closing, metres a frame: the largest recent step, let
+        # go of slowly. A background search is paced by it. (A list taken over from a search
+        # in the background starts some way closed already, at its prediction's error: the
+        # closing since the list's frame would overstate the rate and rush the next search
+        # into one frame.)
+        self._rate = 0.0
+        self._z = _NO_COMPLEX  # the positions the list was searched at
         self._i = _NO_ROWS
         self._j = _NO_ROWS
+        self._d2 = _NO_VALUES  # the listed pairs' squared distances at `_z`
         self._order: Index | None = None
         self._next: tuple[_Search, int] | None = None  # a search under way, and its frame
+        self._gaps: F32 | None = None  # the listed pairs' gaps between bodies at `_z`
+        self._gap_bodies = _NO_VALUES  # the body radii those gaps are for
+        self._reach = _NO_VALUES  # the listed pairs' sums of body radii, with `_gaps`
+        # The last band `touching` cut, and its width in `_BAND_M` steps.
+        self._band: tuple[int, tuple[Index, Index, F32]] | None = None
 
     def pairs(self, pos: F32, version: object, vel: F32 | None = None, dt: float = 0.0) -> Pairs:
-        """The pairs closer than `radius` at `pos` (N x 2). `version` names the rows: the list
-        is searched again when it differs from the last call's (NPCs added, removed or
-        reordered). With the velocities `vel` and the frame time `dt`, a search in the
-        background looks where the NPCs will be when it is done, so its list lasts longer."""
+        """The pairs closer than `radius` at `pos` (N x 2): `update`, then `measure`."""
+        self.update(pos, version, vel, dt)
+        return self.measure(pos)
+
+    def update(self, pos: F32, version: object, vel: F32 | None = None, dt: float = 0.0) -> None:
+        """Keep the list right for the positions `pos` (N x 2), once a frame. `version` names
+        the rows: the list is searched again when it differs from the last call's (NPCs
+        added, removed or reordered). With the velocities `vel` and the frame time `dt`, a
+        search in the background looks where the NPCs will be when it is done, so its list
+        lasts longer."""
         self._frame += 1
         if len(pos) < 2:
             self._version = None
             self._next = None
-            return NO_PAIRS
-        x = pos[:, 0]
-        y = pos[:, 1]
+            self._i = self._j = _NO_ROWS
+            self._d2 = _NO_VALUES
+            self._gaps = None
+            self._band = None
+            return
+        z = complex_positions(pos)
         same = version == self._version
-        closing = self._closing(x, y, self._x, self._y) if same else math.inf
+        closing = self._closing(z, self._z) if same else math.inf
         if not closing <= self._budget:  # stale (NaN included)
             self._next = None
             # Closing by more than the skin a frame (bodies flung apart, a crowd spawned on
@@ -280,39 +356,77 @@ class NeighbourList:
             search = _Search(pos, self.radius + skin, self._order if same else None)
             search.advance()
             self._adopt(search, self._frame, version, skin)
+            self._closed = 0.0
             self.waits += 1
-        elif self._next is not None:
+            return
+        if math.isfinite(closing - self._closed):
+            self._rate = max(closing - self._closed, self._rate * _RATE_DECAY)
+        self._closed = closing
+        if self._next is not None:
             search, due = self._next
             search.advance(self._slices(closing))
             if search.finished:
                 self._next = None
                 # It stands in for the list if nothing moved too far while it ran.
-                if self._closing(x, y, search.x, search.y) <= self.skin * (1 - _SKIN_ROUNDING):
+                moved = self._closing(z, search.z)
+                if moved <= self.skin * (1 - _SKIN_ROUNDING):
                     self._adopt(search, min(due, self._frame), version, self.skin)
+                    self._closed = moved
         elif closing > self._budget * self.early:
             slices = self._slices(closing)
             ahead = pos if vel is None else pos + vel * np.float32(slices * dt)
             self._next = _Search(ahead, self.radius + self.skin, self._order), self._frame + slices
-        return _measure(x, y, self._i, self._j, self.radius)
+
+    def measure(self, pos: F32) -> Pairs:
+        """The pairs closer than `radius` at `pos`, the positions last passed to `update`."""
+        if len(pos) < 2:
+            return NO_PAIRS
+        return _measure(complex_positions(pos), self._i, self._j, self.radius)
+
+    def touching(self, body: F32, gap: float) -> tuple[Index, Index, F32]:
+        """Rows `(i, j)` of the listed pairs, in list order, whose bodies may be less than
+        `gap` apart (their distance less both `body` radii) at the positions last passed to
+        `update`: all of those, and some further apart; and the sum of their radii.
+
+        The gaps are taken once per list, where it was searched; since then no pair can have
+        moved nearer or further by more than the closing `update` found, so a band of the
+        list within the gap plus that holds every pair that may touch. Bands are cut in
+        steps of `_BAND_M`; the last one stands in for any narrower one (the list closes
+        further, frame after frame, so a band is cut every few frames) until the list is
+        replaced.
+        """
+        if len(self._i) == 0:
+            return _NO_ROWS, _NO_ROWS, _NO_VALUES
+        if self._gaps is None or not np.array_equal(body, self._gap_bodies):
+            self._reach = body.take(self._i) + body.take(self._j)
+            self._gaps = np.sqrt(self._d2) - self._reach
+            self._gap_bodies = body.copy()
+            self._band = None
+        step = math.ceil((gap + self._closed) * (1 + _SKIN_ROUNDING) / _BAND_M + _SKIN_ROUNDING)
+        if self._band is not None and self._band[0] >= step:
+            return self._band[1]
+        keep = (self._gaps < np.float32(step * _BAND_M)).nonzero()[0]
+        band = self._i.take(keep), self._j.take(keep), self._reach.take(keep)
+        self._band = step, band
+        return band
 
     def _slices(self, closing: float) -> int:
         """Frames to spread the rest of a search over: most of those left before the list
         would go stale, at the rate it has been closing."""
-        rate = closing / max(self._frame - self._since, 1)
+        rate = self._rate
         left = (self._budget - closing) / rate if rate > 0 else math.inf
         return int(min(max(0.8 * left, 1), _MOST_SLICES))
 
-    def _closing(self, x: F32, y: F32, x0: F32, y0: F32) -> float:
-        """How much some pair may have closed since the positions were (x0, y0): the two
-        largest moves, after taking off the mean move (a pair closes by at most the
-        difference of its two moves, the same from any common drift: a crowd marching
-        together keeps its list for as long as it keeps its shape)."""
+    def _closing(self, z: C64, z0: C64) -> float:
+        """How much some pair may have closed since the positions were `z0`: the two largest
+        moves, after taking off the mean move (a pair closes by at most the difference of
+        its two moves, the same from any common drift: a crowd marching together keeps its
+        list for as long as it keeps its shape). No pair can have moved apart by more
+        either."""
         with np.errstate(invalid="ignore", over="ignore"):  # a position written NaN or inf
-            mx = x - x0
-            my = y - y0
-            mx -= mx.mean()
-            my -= my.mean()
-            moved = mx * mx + my * my
+            move = z - z0
+            move -= move.mean()
+            moved = squared_norm(move)
         k = int(moved.argmax())
         first = float(moved[k])
         moved[k] = 0
@@ -320,11 +434,13 @@ class NeighbourList:
 
     def _adopt(self, search: _Search, frame: int, version: object, skin: float) -> None:
         self._budget = skin * (1 - _SKIN_ROUNDING)
-        self._i, self._j = search.pairs()
-        self._x, self._y = search.x, search.y
+        self._i, self._j, self._d2 = search.pairs()
+        self._z = search.z
         self._order = search.order
         self._since = frame
         self._version = version
+        self._gaps = None
+        self._band = None
         self.builds += 1
 
 

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+_NO_ROWS: Index = np.zeros(0, dtype=np.intp)
+
 Fetch = Callable[[IntentRequest], Awaitable[IntentUpdate]]
 """An async callable that asks the model for one intent (the client SDK's `intent`, adapted)."""
 
@@ -229,11 +231,13 @@ class IntentCache:
 
     def time_out(self, now: float) -> Index:
         """Give up on requests unanswered past the timeout; return their rows."""
+        if not self._in_flight:  # the column is only set with an entry here: none to scan
+            return _NO_ROWS
         crowd = self.crowd
         n = len(crowd)
-        late = np.flatnonzero(
+        late = (
             crowd.in_flight[:n] & (crowd.sent_at[:n] + self.settings.request_timeout_s <= now)
-        )
+        ).nonzero()[0]
         for row in late.tolist():
             request_id = self._in_flight.pop(crowd.id_at(row))
             del self._pending[request_id]
@@ -244,9 +248,11 @@ class IntentCache:
 
     def expire(self, now: float) -> Index:
         """End intents older than their time-to-live; return the rows (they need defaults)."""
+        if not self._intents:  # the clock is only set with an entry here: none to scan
+            return _NO_ROWS
         crowd = self.crowd
         n = len(crowd)
-        old = np.flatnonzero(crowd.intent_at[:n] + self.settings.intent_ttl_s <= now)
+        old = (crowd.intent_at[:n] + self.settings.intent_ttl_s <= now).nonzero()[0]
         for row in old.tolist():
             self._intents.pop(crowd.id_at(row), None)
         crowd.intent_at[old] = math.nan
@@ -273,7 +279,7 @@ class IntentCache:
             return 0
         crowd = self.crowd
         n = len(crowd)
-        due = np.flatnonzero(~crowd.in_flight[:n] & (crowd.next_request_at[:n] <= now))
+        due = (~crowd.in_flight[:n] & (crowd.next_request_at[:n] <= now)).nonzero()[0]
         if due.size == 0:
             return 0
         cap = self.settings.max_requests_per_frame

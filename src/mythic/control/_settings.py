@@ -96,20 +96,24 @@ class ControlSettings:
     checked for overlap (at least the largest pair of body radii)."""
     neighbour_skin_m: float = 0.5
     """Metres of slack in the list of close pairs kept across frames: the pairs within
-    `neighbour_radius_m` plus this are listed, and each frame only they are measured, with
-    the same result as a new search, until some pair may have closed by this much. The next
+    `neighbour_radius_m` plus this are listed, and only they are measured (each frame the
+    band of them that may touch, and all of them when separation is refreshed), with the
+    same result as a new search, until some pair may have closed by this much. The next
     search (a sort of every NPC) runs a slice per frame before then; it is done at once only
     when NPCs are added or removed, or jump. Larger searches less often but measures more
     pairs every frame; 0 searches every frame anyone moved."""
     flock_radius_m: float = 4.0
     """Metres: the cell size of the coarse grid horde cohesion and alignment average over."""
     flock_period_s: float = 0.1
-    """Seconds between refreshes of horde cohesion and alignment (they change slowly)."""
+    """Seconds between refreshes of horde cohesion and alignment (they change slowly). A
+    refresh due in a frame that refreshed separation or the tiers waits a frame or two, so
+    that no frame pays for two."""
     separation_period_s: float = 1 / 30
     """Seconds between refreshes of horde separation (the push away from neighbours closer
     than `neighbour_radius_m`, and how crowded each member is); in between, members steer
-    by the last one while they move every frame. 0 refreshes every frame. Bodies never sink
-    into each other either way: overlaps are found and pushed apart every frame."""
+    by the last one while they move every frame. 0 refreshes every frame; otherwise a refresh
+    due in a frame that updated the tiers waits a frame or two. Bodies never sink into each other
+    either way: overlaps are found and pushed apart every frame."""
     separation_weight: float = 2.5
     """Weight of separation in horde steering."""
     cohesion_weight: float = 0.3

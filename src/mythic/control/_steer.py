@@ -10,9 +10,16 @@ bodies are pushed apart. The close pairs come from a neighbour list kept across 
 steering is refreshed from them every `separation_period_s`, cohesion and alignment every
 `flock_period_s`.
 
-Vectors are handled as separate x and y columns (views of the crowd's (N, 2) arrays): NumPy
-gathers, scatters and broadcasts one-dimensional float32 columns many times faster than rows
-of two, and at ten thousand NPCs that is most of the frame.
+Vectors are handled as separate, contiguous x and y columns (copied out of the crowd's (N, 2)
+arrays once a frame and written back once): NumPy gathers, scatters and broadcasts
+one-dimensional contiguous float32 columns many times faster than rows of two or strided
+views, and at ten thousand NPCs that is most of the frame. Where pairs of NPCs are gathered
+(overlap pushes), each position is read as one complex64 number: one gather per pair end
+instead of two, with the same float32 arithmetic on each part. Gathers use `take`, which
+skips the general indexing machinery. The rows of each policy, and of each kind of target,
+are kept from frame to frame while the policy and target columns stay the same (`_Layout`),
+and every NPC that wanders in a frame (wanderers, and horde members and stalkers with
+nothing in reach) does so in one pass.
 """
 
 from __future__ import annotations
@@ -27,14 +34,22 @@ from mythic.control._archetypes import NO_POLICY, Policy
 from mythic.control._crowd import (
     F32,
     I8,
+    I32,
     NO_TARGET,
     PLAYER,
+    Bools,
     Crowd,
     Index,
     StalkPhase,
     finite_point,
 )
-from mythic.control._grid import NO_PAIRS, NeighbourList, Pairs, neighbourhood_means
+from mythic.control._grid import (
+    C64,
+    NeighbourList,
+    complex_positions,
+    neighbourhood_means,
+    squared_norm,
+)
 from mythic.control._settings import ControlSettings
 
 _EPS = np.float32(1e-6)
@@ -47,6 +62,13 @@ _INV_TAU = np.float32(1 / (2 * math.pi))
 # Metres a body may be pushed by the first overlap pass on top of its own motion: pairs
 # further apart than their bodies plus both moves plus this cannot touch in this frame.
 _PUSH_SLACK = 0.1
+# Frames a due periodic refresh waits at most for another to have its frame alone.
+_MOST_WAIT = 2
+# Stalk phases as plain ints: NumPy compares and fills with an IntEnum member several times
+# slower than with an int.
+_PROWL, _CREEP, _FREEZE, _RUSH, _FEED = (int(p) for p in StalkPhase)
+_I8 = tuple(np.int8(p) for p in StalkPhase)  # the phases as int8 scalars, to pick from
+_WANDER, _HORDE, _STALK = int(Policy.WANDER), int(Policy.HORDE), int(Policy.STALK)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +100,23 @@ class Player:
         object.__setattr__(self, "facing", float(facing))
 
 
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Rows by policy and by kind of target, from the policy and target columns as they were."""
+
+    policies: I8
+    targets: I32
+    rows: list[tuple[int, Index]]
+    """Each policy present and its rows, in row order."""
+    on_npc: Index
+    """Rows whose target is an NPC ..."""
+    other: I32
+    """... and that NPC's row."""
+    on_player: Index
+    """Rows whose target is the player."""
+    has_target: Bools
+
+
 @dataclass(slots=True)
 class _Frame:
     """One evaluation: every NPC's geometry toward its target, and the outputs, by column."""
@@ -90,8 +129,13 @@ class _Frame:
     """Target minus position, x."""
     oy: F32
     dist: F32
+    cruise: F32
+    """Cruising speed, `speed * max_speed` (every policy that walks at its speed reads it)."""
+    engaged: Bools
+    """The target is in reach (`reach`); a horde member or stalker without one roams."""
     vx: F32
-    """Desired velocity, x (zero unless a policy sets it)."""
+    """Desired velocity, x (zero unless a policy sets it; when the policies run, it holds the
+    wandering velocity of every row that wanders)."""
     vy: F32
     fx: F32
     """Direction to face, x; NaN where the NPC faces where it walks."""
@@ -101,26 +145,34 @@ class _Frame:
 
     def face_target(self, rows: Index) -> None:
         """Face the target (rows whose target is not on top of them)."""
-        inv = _ONE / self.dist[rows]
-        self.fx[rows] = self.ox[rows] * inv
-        self.fy[rows] = self.oy[rows] * inv
+        if rows.size == 0:
+            return
+        inv = _ONE / self.dist.take(rows)
+        self.fx[rows] = self.ox.take(rows) * inv
+        self.fy[rows] = self.oy.take(rows) * inv
 
 
 def _length(x: F32, y: F32) -> F32:
-    out: F32 = np.sqrt(x * x + y * y)
-    return out
+    out: F32 = x * x
+    out += y * y
+    return np.sqrt(out, out=out)
 
 
 def _clip_length(x: F32, y: F32, limit: F32 | np.float32) -> tuple[F32, F32]:
     """The vectors (x, y) shortened to at most `limit`."""
-    scale = np.minimum(_ONE, limit / np.maximum(_length(x, y), _EPS))
+    scale = _length(x, y)
+    np.maximum(scale, _EPS, out=scale)
+    np.divide(limit, scale, out=scale)
+    np.minimum(scale, _ONE, out=scale)
     return x * scale, y * scale
 
 
 def _wrap(angle: F32) -> F32:
     """Angles into [-pi, pi]."""
-    out: F32 = angle - _TAU * np.rint(angle * _INV_TAU)
-    return out
+    turns: F32 = angle * _INV_TAU
+    np.rint(turns, out=turns)
+    turns *= _TAU
+    return np.subtract(angle, turns, out=turns)
 
 
 def _x(column: F32) -> F32:
@@ -159,19 +211,27 @@ class Steering:
         self._player_vel = (np.float32(0), np.float32(0))
         self._player_dir = (np.float32(1), np.float32(0))
         self._flock_clock = math.inf  # seconds since cohesion and alignment were refreshed
-        self._flock_due = False
+        self._busy = False  # a periodic refresh ran in this frame already
+        self._waited: dict[str, int] = {}  # frames a due refresh waited for others
         self._separation: tuple[F32, F32, F32] | None = None
         self._separation_clock = math.inf  # seconds since separation was refreshed
         self._separation_rows: object = None  # the crowd's rows it was refreshed for
         self._separation_fresh = False  # looked at in this frame
         self.neighbours = NeighbourList(settings.neighbour_radius_m, settings.neighbour_skin_m)
         """The pairs closer than `neighbour_radius_m`, kept across frames."""
-        self._pairs: Pairs = NO_PAIRS
+        self._kept_layout: _Layout | None = None
 
     # -- the frame --------------------------------------------------------------------------
 
-    def step(self, crowd: Crowd, player: Player, dt: float) -> None:
-        """Advance every NPC by `dt` seconds: policies, blending, velocity, position, heading."""
+    def step(self, crowd: Crowd, player: Player, dt: float, *, busy: bool = False) -> None:
+        """Advance every NPC by `dt` seconds: policies, blending, velocity, position, heading.
+
+        `busy` says the caller ran a periodic refresh of its own in this frame (the tiers):
+        the horde's periodic refreshes then wait for a later frame. One periodic refresh
+        runs in a frame (separation before cohesion), so that their costs do not add up in
+        one frame; a refresh due at the same time as another runs a frame or two late, and
+        never later than `_MOST_WAIT` frames.
+        """
         n = len(crowd)
         if n == 0:
             return
@@ -181,18 +241,16 @@ class Steering:
         self._player_vel = (np.float32(vx), np.float32(vy))
         facing = player.facing
         self._player_dir = (np.float32(math.cos(facing)), np.float32(math.sin(facing)))
+        self._busy = busy
         self._separation_fresh = False
         self._separation_clock += dt
         self._flock_clock += dt
-        self._flock_due = self._flock_clock >= self.settings.flock_period_s
-        if self._flock_due:
-            self._flock_clock = 0.0
-        self._pairs = self.neighbours.pairs(crowd.pos[:n], crowd.revision, crowd.vel[:n], dt)
+        self.neighbours.update(crowd.pos[:n], crowd.revision, crowd.vel[:n], dt)
 
         frame = self._evaluate(crowd, dt)
         dx, dy = frame.vx, frame.vy
         left = crowd.blend_left[:n]
-        blending = np.flatnonzero(left > 0)
+        blending = (left > 0).nonzero()[0]
         if blending.size:
             blend_s = np.float32(max(self.settings.blend_s, 1e-6))
             w = np.clip(1 - left[blending] / blend_s, 0, 1)
@@ -219,20 +277,21 @@ class Steering:
 
     def _evaluate(self, crowd: Crowd, dt: float) -> _Frame:
         n = len(crowd)
-        px = _x(crowd.pos)[:n]
-        py = _y(crowd.pos)[:n]
-        target = crowd.target[:n]
-        tx = _x(crowd.point)[:n].copy()
-        ty = _y(crowd.point)[:n].copy()
-        on_npc = np.flatnonzero(target >= 0)
-        if on_npc.size:
-            other = target[on_npc]
-            tx[on_npc] = px[other]
-            ty[on_npc] = py[other]
-        on_player = np.flatnonzero(target == PLAYER)
-        tx[on_player], ty[on_player] = self._player_pos
+        layout = self._layout(crowd.policy[:n], crowd.target[:n])
+        pos = crowd.pos[:n]
+        px = pos[:, 0].copy()
+        py = pos[:, 1].copy()
+        point = crowd.point[:n]
+        tx = point[:, 0].copy()
+        ty = point[:, 1].copy()
+        if layout.on_npc.size:
+            tx[layout.on_npc] = px.take(layout.other)
+            ty[layout.on_npc] = py.take(layout.other)
+        if layout.on_player.size:
+            tx[layout.on_player], ty[layout.on_player] = self._player_pos
         ox = tx - px
         oy = ty - py
+        dist = _length(ox, oy)
         frame = _Frame(
             px=px,
             py=py,
@@ -240,89 +299,130 @@ class Steering:
             ty=ty,
             ox=ox,
             oy=oy,
-            dist=_length(ox, oy),
+            dist=dist,
+            cruise=crowd.speed[:n] * crowd.max_speed[:n],
+            engaged=layout.has_target & (dist <= crowd.reach[:n]),
             vx=np.zeros(n, dtype=np.float32),
             vy=np.zeros(n, dtype=np.float32),
             fx=np.full(n, np.nan, dtype=np.float32),
             fy=np.full(n, np.nan, dtype=np.float32),
         )
-        # Rows by policy, each in row order, in one sort.
-        policies = crowd.policy[:n]
+        self._wander_all(crowd, frame, layout, dt)
+        for policy, rows in layout.rows:
+            self._handlers[policy](crowd, frame, rows, dt)
+        return frame
+
+    def _layout(self, policies: I8, targets: I32) -> _Layout:
+        """Which rows run each policy and which aim at an NPC or the player: the same frame
+        after frame until a policy or a target changes, so kept until then."""
+        kept = self._kept_layout
+        if (
+            kept is not None
+            and np.array_equal(kept.policies, policies)
+            and np.array_equal(kept.targets, targets)
+        ):
+            return kept
         present = np.bincount(policies.astype(np.intp), minlength=len(Policy))
         by_policy = np.argsort(policies, kind="stable")
         ends = np.cumsum(present)
-        for policy in np.flatnonzero(present).tolist():
-            rows = by_policy[ends[policy] - present[policy] : ends[policy]]
-            self._handlers[policy](crowd, frame, rows, dt)
-        return frame
+        rows = [
+            (policy, by_policy[ends[policy] - present[policy] : ends[policy]])
+            for policy in present.nonzero()[0].tolist()
+        ]
+        on_npc = (targets >= 0).nonzero()[0]
+        layout = _Layout(
+            policies=policies.copy(),
+            targets=targets.copy(),
+            rows=rows,
+            on_npc=on_npc,
+            other=targets.take(on_npc),
+            on_player=(targets == PLAYER).nonzero()[0],
+            has_target=targets != NO_TARGET,
+        )
+        for array in (by_policy, layout.on_npc, layout.other, layout.on_player):
+            array.flags.writeable = False  # shared by the frames until the layout changes
+        self._kept_layout = layout
+        return layout
 
     def _integrate(self, crowd: Crowd, f: _Frame, dt: float) -> None:
         n = len(crowd)
         s = self.settings
         step = np.float32(dt)
-        vx = _x(crowd.vel)[:n]
-        vy = _y(crowd.vel)[:n]
+        vel = crowd.vel[:n]
+        vx = vel[:, 0].copy()
+        vy = vel[:, 1].copy()
         cx, cy = _clip_length(f.vx - vx, f.vy - vy, crowd.max_accel[:n] * step)
         vx += cx
         vy += cy
-        cx, cy = _clip_length(vx, vy, crowd.max_speed[:n])
-        vx[:] = cx
-        vy[:] = cy
-        f.px += vx * step
-        f.py += vy * step
+        vx, vy = _clip_length(vx, vy, crowd.max_speed[:n])
+        vel[:, 0] = vx
+        vel[:, 1] = vy
+        px, py = f.px, f.py  # the frame's own copies, from here on the new positions
+        px += vx * step
+        py += vy * step
+        pos = crowd.pos[:n]
+        pos[:, 0] = px
+        pos[:, 1] = py
         self._separate_bodies(crowd, s.overlap_passes, dt)
 
         heading = crowd.heading[:n]
-        moving = _length(vx, vy) > _MOVING
-        goal = np.where(moving, np.arctan2(vy, vx), heading)
-        facing = np.flatnonzero(~np.isnan(f.fx))
-        goal[facing] = np.arctan2(f.fy[facing], f.fx[facing])
+        goal = np.arctan2(vy, vx)
+        still = (~(_length(vx, vy) > _MOVING)).nonzero()[0]
+        if still.size:
+            goal[still] = heading.take(still)
+        facing = (f.fx == f.fx).nonzero()[0]  # not NaN
+        if facing.size:
+            goal[facing] = np.arctan2(f.fy.take(facing), f.fx.take(facing))
         limit = np.float32(s.turn_rate * dt)
-        turn = np.clip(_wrap(goal - heading), -limit, limit)
-        heading[:] = _wrap(heading + turn)
+        goal -= heading
+        turn = _wrap(goal)
+        np.minimum(turn, limit, out=turn)
+        np.maximum(turn, -limit, out=turn)
+        turn += heading
+        heading[:] = _wrap(turn)
 
     def _separate_bodies(self, crowd: Crowd, passes: int, dt: float) -> None:
-        """Push overlapping bodies apart, each by half the overlap (position-based)."""
-        pairs = self._pairs
-        if not len(pairs) or passes == 0:
-            return
+        """Push overlapping bodies apart, each by half the overlap (position-based).
+
+        Only the listed pairs within both moves plus `_PUSH_SLACK` of touching are looked at
+        (`NeighbourList.touching`); of those, the second and later passes look again only at
+        the pairs the first pass's pushes could bring into touch.
+        """
         n = len(crowd)
+        if passes == 0 or n < 2:
+            return
         body = crowd.body_radius[:n]
         # Only pairs that can touch after this frame's moves need checking.
         fastest = float(crowd.max_speed[:n].max())
-        limit = 2 * float(body.max()) + 2 * fastest * dt + _PUSH_SLACK
-        close = np.flatnonzero(pairs.d2 < np.float32(limit * limit))
-        if close.size == 0:
+        i, j, reach = self.neighbours.touching(body, 2 * fastest * dt + _PUSH_SLACK)
+        if i.size == 0:
             return
-        i, j = pairs.i[close], pairs.j[close]
-        reach = body[i] + body[j]
-        x = _x(crowd.pos)[:n]
-        y = _y(crowd.pos)[:n]
-        for _ in range(passes):
-            dx = x[j] - x[i]
-            dy = y[j] - y[i]
-            d2 = dx * dx + dy * dy
-            hit = np.flatnonzero(d2 < reach * reach)
+        z: C64 = crowd.pos[:n].view(np.complex64)[:, 0]  # a view: the pushes write through
+        for k in range(passes):
+            dz = z.take(j)
+            dz -= z.take(i)
+            d2 = squared_norm(dz)
+            hit = (d2 < reach * reach).nonzero()[0]
             if hit.size == 0:
                 return
-            hi, hj = i[hit], j[hit]
-            dx, dy = dx[hit], dy[hit]
-            dist = np.sqrt(d2[hit])
-            half = (reach[hit] - dist) * np.float32(0.5)
+            hi, hj = i.take(hit), j.take(hit)
+            dz = dz.take(hit)
+            dist = np.sqrt(d2.take(hit))
+            half = (reach.take(hit) - dist) * np.float32(0.5)
+            if k == 0 and passes > 1:
+                within = reach + np.float32(_PUSH_SLACK)
+                near = (d2 < within * within).nonzero()[0]
+                i, j, reach = i.take(near), j.take(near), reach.take(near)
             # Coincident bodies split along a fixed per-pair direction, not a NaN.
-            same = np.flatnonzero(dist < _EPS)
+            same = (dist < _EPS).nonzero()[0]
             if same.size:
                 angle = (hi[same] * 2.399963).astype(np.float32)
-                dx[same] = np.cos(angle)
-                dy[same] = np.sin(angle)
+                dz.real[same] = np.cos(angle)
+                dz.imag[same] = np.sin(angle)
                 dist[same] = 1.0
-            scale = half / dist
-            mx = dx * scale
-            my = dy * scale
-            np.subtract.at(x, hi, mx)
-            np.subtract.at(y, hi, my)
-            np.add.at(x, hj, mx)
-            np.add.at(y, hj, my)
+            push = dz * (half / dist)
+            np.subtract.at(z, hi, push)
+            np.add.at(z, hj, push)
 
     # -- the policies -----------------------------------------------------------------------
 
@@ -330,70 +430,71 @@ class Steering:
         """Stand: the desired velocity stays zero."""
 
     def _face_talk(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
-        dist = f.dist[i]
+        dist = f.dist.take(i)
         f.face_target(i[dist > _EPS])
         # The partner walked off: go after them, then face them again.
-        gone = dist > crowd.radius[i] + _REAPPROACH
+        gone = dist > crowd.radius.take(i) + _REAPPROACH
         if gone.any():
             f.switches.append((i[gone], Policy.SEEK, Policy.FACE_TALK))
 
     def _arrive(
-        self, crowd: Crowd, i: Index, ox: F32, oy: F32, dist: F32, stop: F32
+        self, crowd: Crowd, f: _Frame, i: Index, ox: F32, oy: F32, dist: F32, stop: F32
     ) -> tuple[F32, F32]:
         """Velocity toward (ox, oy) that cruises and brakes to a halt `stop` metres short."""
         gap = np.maximum(dist - stop, 0)
-        cruise = crowd.speed[i] * crowd.max_speed[i]
-        brake = np.sqrt(2 * _BRAKE * crowd.max_accel[i] * gap)
-        scale = np.minimum(cruise, brake) / np.maximum(dist, _EPS)
+        brake = np.sqrt(2 * _BRAKE * crowd.max_accel.take(i) * gap)
+        scale = np.minimum(f.cruise.take(i), brake)
+        scale /= np.maximum(dist, _EPS)
         return ox * scale, oy * scale
 
     def _seek(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
-        dist = f.dist[i]
-        radius = crowd.radius[i]
-        f.vx[i], f.vy[i] = self._arrive(crowd, i, f.ox[i], f.oy[i], dist, radius)
+        dist = f.dist.take(i)
+        radius = crowd.radius.take(i)
+        f.vx[i], f.vy[i] = self._arrive(crowd, f, i, f.ox.take(i), f.oy.take(i), dist, radius)
         arrived = dist - radius <= self.settings.arrive_tolerance_m
         f.face_target(i[arrived & (dist > _EPS)])
-        follow_up = crowd.then[i]
+        follow_up = crowd.then.take(i)
         done = arrived & (follow_up != NO_POLICY)
         if done.any():
             f.switches.append((i[done], follow_up[done], NO_POLICY))
 
     def _flee(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
-        dist = f.dist[i]
-        radius = crowd.radius[i]
+        dist = f.dist.take(i)
+        radius = crowd.radius.take(i)
         inv = -_ONE / np.maximum(dist, _EPS)
-        ax = f.ox[i] * inv
-        ay = f.oy[i] * inv
-        on_top = np.flatnonzero(dist < _EPS)
+        ax = f.ox.take(i) * inv
+        ay = f.oy.take(i) * inv
+        on_top = (dist < _EPS).nonzero()[0]
         if on_top.size:
             heading = crowd.heading[i[on_top]]
             ax[on_top] = np.cos(heading)
             ay[on_top] = np.sin(heading)
         ramp = np.maximum(np.float32(0.15) * radius, np.float32(0.5))
         urge = np.clip((radius - dist) / ramp, 0, 1)
-        speed = urge * crowd.speed[i] * crowd.max_speed[i]
+        speed = urge * crowd.speed.take(i) * crowd.max_speed.take(i)
         f.vx[i] = ax * speed
         f.vy[i] = ay * speed
 
     def _target_motion(self, crowd: Crowd, i: Index) -> tuple[F32, F32, F32, F32]:
         """Velocity and facing direction (x, y, x, y) of each row's target (a point stands
         still, facing +x)."""
-        target = crowd.target[i]
+        target = crowd.target.take(i)
         vx = np.zeros(len(i), dtype=np.float32)
         vy = np.zeros(len(i), dtype=np.float32)
         ax = np.zeros(len(i), dtype=np.float32)
         ay = np.zeros(len(i), dtype=np.float32)
-        on_npc = np.flatnonzero(target >= 0)
+        on_npc = (target >= 0).nonzero()[0]
         if on_npc.size:
-            other = target[on_npc]
+            other = target.take(on_npc)
             vx[on_npc] = _x(crowd.vel)[other]
             vy[on_npc] = _y(crowd.vel)[other]
-            heading = crowd.heading[other]
+            heading = crowd.heading.take(other)
             ax[on_npc] = np.cos(heading)
             ay[on_npc] = np.sin(heading)
-        on_player = np.flatnonzero(target == PLAYER)
-        vx[on_player], vy[on_player] = self._player_vel
-        ax[on_player], ay[on_player] = self._player_dir
+        on_player = (target == PLAYER).nonzero()[0]
+        if on_player.size:
+            vx[on_player], vy[on_player] = self._player_vel
+            ax[on_player], ay[on_player] = self._player_dir
         return vx, vy, ax, ay
 
     def _follow(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
@@ -403,89 +504,124 @@ class Steering:
         inv = _ONE / np.maximum(tspeed, _EPS)
         ax = np.where(moving, tvx * inv, ax)
         ay = np.where(moving, tvy * inv, ay)
-        radius = crowd.radius[i]
-        gx = f.tx[i] - ax * radius - f.px[i]
-        gy = f.ty[i] - ay * radius - f.py[i]
+        radius = crowd.radius.take(i)
+        gx = f.tx.take(i) - ax * radius - f.px.take(i)
+        gy = f.ty.take(i) - ay * radius - f.py.take(i)
         # Keep pace with the target and close the gap to the slot behind it.
-        max_speed = crowd.max_speed[i]
-        cruise = np.maximum(crowd.speed[i] * max_speed, tspeed * np.float32(1.2))
+        max_speed = crowd.max_speed.take(i)
+        cruise = np.maximum(f.cruise.take(i), tspeed * np.float32(1.2))
         f.vx[i], f.vy[i] = _clip_length(
             tvx + gx * np.float32(1.5),
             tvy + gy * np.float32(1.5),
             np.minimum(cruise, max_speed),
         )
         still = ~moving & (_length(gx, gy) < self.settings.arrive_tolerance_m * 2)
-        f.face_target(i[still & (f.dist[i] > _EPS)])
+        f.face_target(i[still & (f.dist.take(i) > _EPS)])
 
     def _patrol(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
-        route = crowd.route[i]
-        walks = np.flatnonzero(route >= 0)
+        route = crowd.route.take(i)
+        walks = (route >= 0).nonzero()[0]
         if walks.size == 0:
             return
-        i, route = i[walks], route[walks]
-        length = crowd.route_len[route]
-        slot = crowd.waypoint[i] % length
-        point = crowd.route_start[route] + slot
-        ox = _x(crowd.waypoints)[point] - f.px[i]
-        oy = _y(crowd.waypoints)[point] - f.py[i]
+        if walks.size < i.size:
+            i, route = i.take(walks), route.take(walks)
+        length = crowd.route_len.take(route)
+        slot = crowd.waypoint.take(i) % length
+        point = crowd.route_start.take(route) + slot
+        ox = _x(crowd.waypoints)[point] - f.px.take(i)
+        oy = _y(crowd.waypoints)[point] - f.py.take(i)
         dist = _length(ox, oy)
-        f.vx[i], f.vy[i] = self._arrive(crowd, i, ox, oy, dist, np.zeros_like(dist))
+        f.vx[i], f.vy[i] = self._arrive(crowd, f, i, ox, oy, dist, np.zeros_like(dist))
         reached = dist < self.settings.waypoint_tolerance_m
         crowd.waypoint[i] = np.where(reached, (slot + 1) % length, slot)
 
     def _wander_velocity(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> tuple[F32, F32]:
         """Smooth random steering around home."""
-        angle = crowd.wander_angle[i] + (
-            self.rng.standard_normal(len(i)).astype(np.float32)
-            * np.float32(self.settings.wander_jitter * math.sqrt(dt))
-        )
-        hx = _x(crowd.home)[i] - f.px[i]
-        hy = _y(crowd.home)[i] - f.py[i]
-        far = np.flatnonzero(_length(hx, hy) > crowd.reach[i])
+        angle = crowd.wander_angle.take(i)
+        jitter = self._standard_normal(len(i))
+        jitter *= np.float32(self.settings.wander_jitter * math.sqrt(dt))
+        angle += jitter
+        n = len(crowd)
+        home = complex_positions(crowd.home[:n]).take(i)
+        home -= complex_positions(crowd.pos[:n]).take(i)  # the frame's start: not moved yet
+        far = (np.sqrt(squared_norm(home)) > crowd.reach.take(i)).nonzero()[0]
         if far.size:
-            back = np.arctan2(hy[far], hx[far])
+            way = home.take(far)
+            back: F32 = np.arctan2(way.imag, way.real)
             angle[far] += _wrap(back - angle[far]) * np.float32(min(1.0, 2.0 * dt))
         angle = _wrap(angle)
         crowd.wander_angle[i] = angle
-        speed = crowd.speed[i] * crowd.max_speed[i]
+        speed = f.cruise.take(i)
         return np.cos(angle) * speed, np.sin(angle) * speed
 
+    def _standard_normal(self, k: int) -> F32:
+        """`k` standard normal float32 numbers by the Box-Muller transform of uniform ones:
+        the same distribution as `Generator.standard_normal` (tails cut at 5.8 sigma), at
+        less than half its cost for the few thousand a frame's wandering draws."""
+        half = (k + 1) // 2
+        uniform = self.rng.random(2 * half, dtype=np.float32)
+        radius = np.log1p(-uniform[:half])  # 1 - u is in (0, 1]: the log is finite
+        radius *= np.float32(-2)
+        np.sqrt(radius, out=radius)
+        turn = uniform[half:]
+        turn *= _TAU
+        out = np.empty(2 * half, dtype=np.float32)
+        np.cos(turn, out=out[:half])
+        np.sin(turn, out=out[half:])
+        out[:half] *= radius
+        out[half:] *= radius
+        return out[:k]
+
+    def _wander_all(self, crowd: Crowd, f: _Frame, layout: _Layout, dt: float) -> None:
+        """The wandering velocity of every row that wanders, into the desired velocity: the
+        wanderers, and the horde members and stalkers with nothing in reach (they read it
+        from there). One pass for all of them."""
+        parts = []
+        for policy, rows in layout.rows:
+            if policy == _WANDER:
+                parts.append(rows)
+            elif policy in (_HORDE, _STALK):
+                parts.append(rows.take((~f.engaged.take(rows)).nonzero()[0]))
+        if not parts:
+            return
+        rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        if rows.size:
+            f.vx[rows], f.vy[rows] = self._wander_velocity(crowd, f, rows, dt)
+
     def _wander(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
-        f.vx[i], f.vy[i] = self._wander_velocity(crowd, f, i, dt)
+        """The wandering velocity is in place already (`_wander_all`)."""
 
     def _stalk(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
         s = self.settings
-        dist = f.dist[i]
-        radius = crowd.radius[i]
+        dist = f.dist.take(i)
+        radius = crowd.radius.take(i)
         inv = _ONE / np.maximum(dist, _EPS)
-        ux = f.ox[i] * inv
-        uy = f.oy[i] * inv
+        ux = f.ox.take(i) * inv
+        uy = f.oy.take(i) * inv
         tvx, tvy, ax, ay = self._target_motion(crowd, i)
-        target = crowd.target[i]
-        has_prey = (target != NO_TARGET) & (dist <= crowd.reach[i])
+        target = crowd.target.take(i)
+        has_prey = f.engaged.take(i)
         # The prey sees the predator inside its field of view and sight range; a place has
         # no eyes.
         eyes = (target >= 0) | (target == PLAYER)
         seen = eyes & (dist < s.prey_sight_m)
         seen &= -(ax * ux + ay * uy) >= self._seen_cos
-        was_rushing = crowd.stalk_phase[i] == StalkPhase.RUSH
+        was_rushing = crowd.stalk_phase.take(i) == _RUSH
         rush_limit = np.where(was_rushing, np.float32(s.rush_m * 1.5), np.float32(s.rush_m))
-        feed = has_prey & (dist <= radius + s.arrive_tolerance_m)
-        rush = has_prey & ~feed & (dist <= rush_limit)
-        freeze = has_prey & ~feed & ~rush & seen
-        creep = has_prey & ~feed & ~rush & ~freeze
-        prowl = np.flatnonzero(~has_prey)
-
-        phase = np.full(len(i), StalkPhase.PROWL, dtype=np.int8)
-        phase[creep] = StalkPhase.CREEP
-        phase[freeze] = StalkPhase.FREEZE
-        phase[rush] = StalkPhase.RUSH
-        phase[feed] = StalkPhase.FEED
+        # With prey in reach: feed on it, else rush it, else hold still where it sees, else
+        # creep; without, prowl.
+        phase = np.where(seen, _I8[_FREEZE], _I8[_CREEP])
+        phase = np.where(dist <= rush_limit, _I8[_RUSH], phase)
+        phase = np.where(dist <= radius + s.arrive_tolerance_m, _I8[_FEED], phase)
+        phase = np.where(has_prey, phase, _I8[_PROWL])
+        feed = phase == _FEED
+        rush = phase == _RUSH
+        creep = phase == _CREEP
 
         gap = np.maximum(dist - radius, 0)
-        brake = np.sqrt(2 * _BRAKE * crowd.max_accel[i] * gap)
-        max_speed = crowd.max_speed[i]
-        creep_speed = crowd.speed[i] * max_speed
+        brake = np.sqrt(2 * _BRAKE * crowd.max_accel.take(i) * gap)
+        max_speed = crowd.max_speed.take(i)
+        creep_speed = f.cruise.take(i)
         speed = np.where(
             creep,
             np.minimum(creep_speed, brake),
@@ -493,20 +629,20 @@ class Steering:
         )
         vx = np.where(feed, tvx, ux * speed)  # feeding: stay on the prey
         vy = np.where(feed, tvy, uy * speed)
-        if prowl.size:
-            vx[prowl], vy[prowl] = self._wander_velocity(crowd, f, i[prowl], dt)
-        f.vx[i] = vx
-        f.vy[i] = vy
-        watch = np.flatnonzero((feed | freeze) & (dist > _EPS))
-        rows = i[watch]
-        f.fx[rows] = ux[watch]
-        f.fy[rows] = uy[watch]
+        # Prowlers keep the wandering velocity `_wander_all` left in place.
+        f.vx[i] = np.where(has_prey, vx, f.vx.take(i))
+        f.vy[i] = np.where(has_prey, vy, f.vy.take(i))
+        watch = ((feed | (phase == _FREEZE)) & (dist > _EPS)).nonzero()[0]
+        rows = i.take(watch)
+        f.fx[rows] = ux.take(watch)
+        f.fy[rows] = uy.take(watch)
         crowd.stalk_phase[i] = phase
 
     def _flock_fields(self, crowd: Crowd) -> tuple[F32, F32, F32]:
         """Separation (x, y) and crowding of every NPC (read for horde members only),
-        refreshed every `separation_period_s`; cohesion and alignment are refreshed into the
-        crowd every `flock_period_s`."""
+        refreshed every `separation_period_s` (at once when the rows changed, every frame for
+        0); cohesion and alignment are refreshed into the crowd every `flock_period_s`. A
+        refresh that is only due waits for a frame that ran no other (`_take_turn`)."""
         s = self.settings
         n = len(crowd)
         if not self._separation_fresh:
@@ -515,20 +651,39 @@ class Steering:
             if (
                 self._separation is None
                 or self._separation_rows != rows
-                or self._separation_clock >= s.separation_period_s
+                or s.separation_period_s == 0
+                or (
+                    self._separation_clock >= s.separation_period_s
+                    and self._take_turn("separation")
+                )
             ):
-                self._separation = self._separation_fields(n)
+                self._separation = self._separation_fields(crowd)
                 self._separation_rows = rows
                 self._separation_clock = 0.0
-        if self._flock_due:
-            self._flock_due = False
+                self._busy = True
+        if self._flock_clock >= s.flock_period_s and self._take_turn("cohesion"):
+            self._flock_clock = 0.0
             self._refresh_cohesion(crowd)
         assert self._separation is not None
         return self._separation
 
-    def _separation_fields(self, n: int) -> tuple[F32, F32, F32]:
-        """Every NPC's push away from its close neighbours (x, y) and how crowded it is."""
-        pairs = self._pairs
+    def _take_turn(self, refresh: str) -> bool:
+        """Whether a due refresh runs in this frame: if none ran in it yet, or if it waited
+        `_MOST_WAIT` frames already (then it runs beside the other)."""
+        waited = self._waited.get(refresh, 0)
+        if self._busy and waited < _MOST_WAIT:
+            self._waited[refresh] = waited + 1
+            return False
+        self._waited.pop(refresh, None)
+        self._busy = True
+        return True
+
+    def _separation_fields(self, crowd: Crowd) -> tuple[F32, F32, F32]:
+        """Every NPC's push away from its close neighbours (x, y) and how crowded it is, from
+        the pairs closer than `neighbour_radius_m` at the frame's start (measured only now,
+        not every frame)."""
+        n = len(crowd)
+        pairs = self.neighbours.measure(crowd.pos[:n])
         if not len(pairs):
             zero = np.zeros(n, dtype=np.float32)
             return zero, zero, zero
@@ -536,23 +691,22 @@ class Steering:
         i, j = pairs.i, pairs.j
         dist = np.sqrt(pairs.d2)
         weight = _ONE - dist * np.float32(1 / self.settings.neighbour_radius_m)
-        scale = weight / np.maximum(dist, _EPS)
-        mx = pairs.dx * scale
-        my = pairs.dy * scale
-        # A pair's delta points from i to j: j is pushed along it, i the other way.
-        sep_x = np.bincount(j, weights=mx, minlength=n)
-        sep_x -= np.bincount(i, weights=mx, minlength=n)
-        sep_y = np.bincount(j, weights=my, minlength=n)
-        sep_y -= np.bincount(i, weights=my, minlength=n)
-        crowding = np.bincount(i, weights=weight, minlength=n)
-        crowding += np.bincount(j, weights=weight, minlength=n)
-        return sep_x.astype(np.float32), sep_y.astype(np.float32), crowding.astype(np.float32)
+        push = pairs.delta * (weight / np.maximum(dist, _EPS))
+        # A pair's delta points from i to j: j is pushed along it, i the other way. Summed
+        # in float32 by `ufunc.at`, x and y at once as complex numbers.
+        separation = np.zeros(n, dtype=np.complex64)
+        np.add.at(separation, j, push)
+        np.subtract.at(separation, i, push)
+        crowding = np.zeros(n, dtype=np.float32)
+        np.add.at(crowding, i, weight)
+        np.add.at(crowding, j, weight)
+        return separation.real.copy(), separation.imag.copy(), crowding
 
     def _refresh_cohesion(self, crowd: Crowd) -> None:
         """Horde cohesion (toward the neighbourhood's centre) and alignment (its mean
         velocity, as a fraction of full speed) into the crowd."""
         s = self.settings
-        rows = np.flatnonzero(crowd.policy[: len(crowd)] == Policy.HORDE)
+        rows = (crowd.policy[: len(crowd)] == _HORDE).nonzero()[0]
         if rows.size == 0:
             return
         x = _x(crowd.pos)[rows]
@@ -572,32 +726,44 @@ class Steering:
     def _horde(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
         s = self.settings
         sep_x, sep_y, crowding = self._flock_fields(crowd)
-        dist = f.dist[i]
-        cruise = crowd.speed[i] * crowd.max_speed[i]
-        engaged = (crowd.target[i] != NO_TARGET) & (dist <= crowd.reach[i])
+        dist = f.dist.take(i)
+        cruise = f.cruise.take(i)
+        engaged = f.engaged.take(i)
         # Toward the target, easing off within a body length of the stopping distance; with
         # nothing in reach, drift along with the horde.
-        gap = np.maximum(dist - crowd.radius[i], 0)
+        gap = np.maximum(dist - crowd.radius.take(i), 0)
         pull = np.where(engaged, np.minimum(gap / np.float32(1.5), _ONE), np.float32(0))
         pull /= np.maximum(dist, _EPS)
-        gx = f.ox[i] * pull
-        gy = f.oy[i] * pull
-        roam = np.flatnonzero(~engaged)
+        gx = f.ox.take(i) * pull
+        gy = f.oy.take(i) * pull
+        roam = (~engaged).nonzero()[0]
         if roam.size:
-            wx, wy = self._wander_velocity(crowd, f, i[roam], dt)
-            slow = np.float32(0.5) / np.maximum(cruise[roam], _EPS)
+            roamers = i.take(roam)
+            wx, wy = f.vx.take(roamers), f.vy.take(roamers)  # `_wander_all`
+            slow = np.float32(0.5) / np.maximum(cruise.take(roam), _EPS)
             gx[roam] = wx * slow
             gy[roam] = wy * slow
-        calm = _ONE / (1 + crowding[i])
+        calm = crowding.take(i)
+        calm += 1
+        np.divide(_ONE, calm, out=calm)
         cohesion = np.float32(s.cohesion_weight)
         alignment = np.float32(s.alignment_weight)
-        steer_x = gx * calm + cohesion * _x(crowd.cohesion)[i] + alignment * _x(crowd.alignment)[i]
-        steer_y = gy * calm + cohesion * _y(crowd.cohesion)[i] + alignment * _y(crowd.alignment)[i]
-        wx, wy = _clip_length(steer_x, steer_y, _ONE)
-        max_speed = crowd.max_speed[i]
+        n = len(crowd)
+        together = complex_positions(crowd.cohesion[:n]).take(i)
+        along = complex_positions(crowd.alignment[:n]).take(i)
+        gx *= calm
+        gx += cohesion * together.real
+        gx += alignment * along.real
+        gy *= calm
+        gy += cohesion * together.imag
+        gy += alignment * along.imag
+        wx, wy = _clip_length(gx, gy, _ONE)
+        max_speed = crowd.max_speed.take(i)
         push = np.float32(s.separation_weight) * max_speed
-        f.vx[i], f.vy[i] = _clip_length(
-            wx * cruise + sep_x[i] * push, wy * cruise + sep_y[i] * push, max_speed
-        )
+        wx *= cruise
+        wx += sep_x.take(i) * push
+        wy *= cruise
+        wy += sep_y.take(i) * push
+        f.vx[i], f.vy[i] = _clip_length(wx, wy, max_speed)
         close = i[engaged & (gap <= s.arrive_tolerance_m) & (dist > _EPS)]
         f.face_target(close)

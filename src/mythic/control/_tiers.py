@@ -13,6 +13,10 @@ from numpy.typing import NDArray
 from mythic.control._crowd import F32, I8, Bools, Tier
 from mythic.control._settings import ControlSettings
 
+# Tiers as plain ints: NumPy compares, fills and picks with an IntEnum member several times
+# slower than with an int, and this runs over the whole crowd.
+_GOLD, _SILVER, _BRONZE = int(Tier.GOLD), int(Tier.SILVER), int(Tier.BRONZE)
+
 
 def assign_tiers(
     dist: F32,
@@ -31,22 +35,22 @@ def assign_tiers(
         settings: bands, boosts and budgets.
     """
     gold, silver = settings.gold, settings.silver
-    keep_gold = (tier == Tier.GOLD) & (dist <= gold.demote_beyond)
-    keep_silver = (tier <= Tier.SILVER) & (dist <= silver.demote_beyond)
+    keep_gold = (tier == _GOLD) & (dist <= gold.demote_beyond)
+    keep_silver = (tier <= _SILVER) & (dist <= silver.demote_beyond)
     by_distance = np.where(
         (dist < gold.promote_within) | keep_gold,
-        Tier.GOLD,
-        np.where((dist < silver.promote_within) | keep_silver, Tier.SILVER, Tier.BRONZE),
-    ).astype(np.int8)
+        np.int8(_GOLD),
+        np.where((dist < silver.promote_within) | keep_silver, np.int8(_SILVER), np.int8(_BRONZE)),
+    )
     strong = np.abs(relationship) >= settings.relationship_threshold
     boost = quest.astype(np.int8) * np.int8(settings.quest_boost) + strong.astype(
         np.int8
     ) * np.int8(settings.relationship_boost)
-    wanted = np.maximum(by_distance - boost, Tier.GOLD).astype(np.int8)
+    wanted: I8 = np.maximum(by_distance - boost, np.int8(_GOLD))
 
     # Budgets: rank by distance, less a bonus per tier of boost and for already being there.
     rank = dist - boost.astype(np.float32) * np.float32(settings.importance_m)
-    for level, budget in ((Tier.GOLD, gold.budget), (Tier.SILVER, silver.budget)):
+    for level, budget in ((_GOLD, gold.budget), (_SILVER, silver.budget)):
         rows = np.flatnonzero(wanted == level)
         if rows.size <= budget:
             continue
