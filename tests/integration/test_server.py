@@ -733,3 +733,30 @@ async def test_a_full_context_moves_the_window_by_half_not_one_exchange_a_line(
     for n in range(1, len(lines)):
         if firsts[n - 1] is not None:
             assert cached[n] > cached[0], (n, firsts, cached)
+
+
+async def test_a_settle_that_cannot_fit_its_room_keeps_the_window(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """A settle asks for room for a whole line's lore; where even the persona leaves less
+    (here a lore budget of 8,000 tokens), it fails and the conversation's window keeps every
+    exchange: nothing the prompt held is dropped for nothing."""
+    chat = {"max_tokens": 8, "temperature": 0.0}
+    async with (
+        running(engines, settings, chat=chat, knowledge={"lore_tokens": 8000}) as (
+            address,
+            gateway,
+        ),
+        httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http,
+    ):
+        actor = gateway.cast.actor("marla")
+        for line in ("Hello.", "A room?", "Ale?"):
+            reply = await http.post("/v1/npcs/marla/say", json={"text": line, "session_id": "s"})
+            assert reply.status_code == 200, reply.text
+            await until(lambda: actor._warm_task is not None and actor._warm_task.done())
+            actor._warm_task = None
+        history = actor.histories["http.s"]
+        starts = actor._window("http.s", history)
+        users = [m.content for m in history[starts[0] :] if m.role == "user"] if starts else []
+    assert users == ["Hello.", "A room?", "Ale?"]
+    assert actor.settled == 0

@@ -792,6 +792,7 @@ class NPCActor:
         Raises:
             ContextOverflowError: even the persona and `tail` alone do not fit.
         """
+        start = self._window_start.get(session_id)
         while True:
             request = GenerationRequest(
                 npc_id=self.npc_id,
@@ -806,6 +807,12 @@ class NPCActor:
             except ContextOverflowError:
                 held = len(self._window(session_id, history))
                 if not held:
+                    # Dropping the exchanges did not help: the window keeps them for prompts
+                    # that fit (a settle's room can exceed what even the persona leaves).
+                    if start is None:
+                        self._window_start.pop(session_id, None)
+                    else:
+                        self._window_start[session_id] = start
                     raise ContextOverflowError(
                         "the persona and this line do not fit the model's context; say less"
                     ) from None
