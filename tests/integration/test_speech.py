@@ -97,13 +97,18 @@ async def tts() -> AsyncIterator[TTSPool]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def asr() -> AsyncIterator[ASRPool]:
-    pool = ASRPool(SETTINGS)
+    pool = await started(SETTINGS)
+    yield pool
+    await pool.close()
+
+
+async def started(settings: SpeechSettings) -> ASRPool:
+    pool = ASRPool(settings)
     try:
         await pool.start()
     except (MissingExtraError, SpeechError) as exc:
         unavailable(f"the ASR workers cannot start: {exc}")
-    yield pool
-    await pool.close()
+    return pool
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -166,6 +171,62 @@ async def test_the_final_transcript_has_the_words(asr: ASRPool, question: bytes)
     async with asyncio.timeout(60):
         partial = await asr.transcribe(ended.pcm[: 16000 * 2], 16000, partial=True)
     assert partial.partial
+
+
+@pytest.mark.usefixtures("vad")
+async def test_a_short_encoder_window_hears_the_same_words(
+    asr: ASRPool, tts: TTSPool, question: bytes
+) -> None:
+    full = await started(SETTINGS.model_copy(update={"asr_window_s": 30.0}))
+    try:
+        async with asyncio.timeout(120):
+            short, whole = await asr.transcribe(question), await full.transcribe(question)
+            assert short.window_s == SETTINGS.asr_window_s == 10.0 and whole.window_s == 30.0
+            assert "mill" in short.text.lower() and "mill" in whole.text.lower()
+            # An utterance the short window cannot hold with a second to spare is decoded in
+            # one twice as long.
+            pcm, chunks = await tts.speak(". ".join(LONG_TEXT.split(". ")[:4]), "human")
+            long = to_16k(pcm, chunks[0].sample_rate)
+            assert 9.0 < len(long) / 32000 < 19.0
+            short, whole = await asr.transcribe(long), await full.transcribe(long)
+        assert short.window_s == 20.0 and whole.window_s == 30.0
+        for word in ("river", "bridge", "grain", "wheel"):
+            assert word in short.text.lower() and word in whole.text.lower()
+    finally:
+        await full.close()
+
+
+@pytest.mark.usefixtures("vad")
+async def test_a_transcript_that_repeats_itself_is_decoded_again_in_the_full_window(
+    tts: TTSPool,
+) -> None:
+    # A 5 s window makes Whisper tiny repeat short questions more often than not (13 of 21
+    # in one run: "What is your name? What is your name? What"); each is decoded again in a
+    # window twice as long (10 s, then 20, then 30).
+    questions = {
+        "What is your name?": "name",
+        "Where can I buy silver?": "silver",
+        "Tell me about the marsh.": "marsh",
+        "Where does this tunnel lead?": "tunnel",
+        "How much for a room?": "room",
+        "Good evening, how are you?": "evening",
+        "What is the Drowned Lantern?": "lantern",
+        "Is it safe to walk at night?": "night",
+    }
+    pool = await started(SETTINGS.model_copy(update={"asr_window_s": 5.0}))
+    windows = []
+    try:
+        async with asyncio.timeout(180):
+            for text, word in questions.items():
+                pcm, chunks = await tts.speak(text, "human")
+                heard = await pool.transcribe(silence(0.2) + to_16k(pcm, chunks[0].sample_rate))
+                assert word in heard.text.lower(), heard
+                assert heard.text.lower().count(word) == 1, heard
+                windows.append(heard.window_s)
+    finally:
+        await pool.close()
+    assert set(windows) <= {5.0, 10.0, 20.0, 30.0}
+    assert max(windows) > 5.0, "no short-window transcript repeated itself: the test tests nothing"
 
 
 async def test_silence_transcribes_to_an_empty_transcript(asr: ASRPool) -> None:

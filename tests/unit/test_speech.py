@@ -52,6 +52,7 @@ from mythic.speech import (
     viseme_track,
     voice_profile,
 )
+from mythic.speech._asr_worker import repeats_itself
 from mythic.speech._audio import chunk_bounds
 from mythic.speech._visemes import slice_track
 from mythic.speech._workers import WorkerPool
@@ -867,3 +868,27 @@ async def test_a_worker_that_cannot_load_fails_the_start_with_its_error() -> Non
     with pytest.raises(SpeechModelError, match="no such model"):
         await pool.start()
     assert pool.pids == []
+
+
+@pytest.mark.parametrize(
+    ("text", "repeats"),
+    [
+        ("Where is the old mill?", False),
+        ("What is your name? What is your name? What", True),  # a short window's loop
+        ("Where's the old mill? Where's the old mill?", True),
+        ("What do you know about the catechololololo", True),  # a stutter
+        ("the bell the bell the bell", True),  # two words, three times
+        ("very very good", False),
+        ("I said go, go, go!", False),
+        ("no no no", False),
+        (" ".join(["the mill is north of the river"] * 6), True),  # zlib: Whisper's own test
+        (
+            "The mill stands north of the river, past the old stone bridge. "
+            "Nobody has ground grain there since the miller vanished.",
+            False,
+        ),
+        ("", False),
+    ],
+)
+def test_a_transcript_that_repeats_itself_is_found(text: str, repeats: bool) -> None:
+    assert repeats_itself(text) is repeats

@@ -57,6 +57,8 @@ class Transcript:
         duration_s: seconds of audio transcribed.
         took_s: seconds the worker spent on it (queueing not included).
         partial: True for a partial transcript of an utterance still going on.
+        window_s: the seconds of audio Whisper's encoder saw (`speech.asr_window_s`, or 30
+            for a long utterance or a transcript decoded again); 0 when nothing was decoded.
     """
 
     text: str
@@ -64,6 +66,7 @@ class Transcript:
     duration_s: float
     took_s: float
     partial: bool = False
+    window_s: float = 0.0
 
     @property
     def empty(self) -> bool:
@@ -116,6 +119,7 @@ class ASRPool(PooledWorkers):
             "model_dir": str(whisper_model_dir(s)),
             "threads": s.asr_threads,
             "language": s.asr_language,
+            "window_s": s.asr_window_s,
         }
         pool = WorkerPool(
             "asr",
@@ -172,6 +176,7 @@ class ASRPool(PooledWorkers):
             duration_s=result["duration_s"],
             took_s=result["took_s"],
             partial=partial,
+            window_s=result["window_s"],
         )
 
     async def _run(self, payload: dict[str, Any], *, partial: bool) -> dict[str, Any] | None:

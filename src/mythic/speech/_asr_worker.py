@@ -1,32 +1,93 @@
 """The ASR worker process: faster-whisper (CTranslate2) on the CPU.
 
 Imported by name inside worker processes only (`WorkerPool`), never by the server process.
+
+Whisper's encoder is trained on 30 s windows, and faster-whisper pads every utterance to one:
+a 2 s question costs the encoder as much as 30 s of speech (about 0.9 s on 2 cores for tiny).
+The encoder's cost grows with its window, so an utterance that fits a shorter one with a
+second to spare (`speech.asr_window_s`, 10 s by default, else twice that, else 30;
+whisper.cpp's `audio_ctx`) is encoded in that window instead: about 3.5x faster at 10 s.
+Windows much shorter than 10 s make the decoder lose track of the end and repeat itself
+("What is your name? What is your name? What"): a transcript that repeats itself
+(`repeats_itself`) is decoded again in a window twice as long (up to 30 s). The decoding
+itself follows faster-whisper's (greedy or beam, blank and non-speech tokens suppressed, no
+timestamps) and its no-speech rule (no-speech probability above 0.6 with an average log
+probability below -1: nothing was said).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from mythic._extras import require
 from mythic.speech._errors import SpeechModelError
 
+_FULL_WINDOW_S = 30.0  # what Whisper was trained on
+_FRAMES_PER_S = 100  # mel frames (10 ms hop)
+_WINDOW_MARGIN_S = 1.0  # silence kept after the speech inside a short window
+_REPETITIVE = 2.4  # zlib compression ratio above which a transcript repeats itself
+_STUTTER = re.compile(r"([a-z]{2,4})\1{3,}")  # one to four letters, four times or more
+_NO_SPEECH_PROB = 0.6
+_NO_SPEECH_LOGPROB = -1.0
+_TOKENS_PER_S = 12  # at most this many tokens per second of audio (speech: 3-5), plus
+_TOKENS_EXTRA = 16  # these: a decoder that loses track stops there
+
 
 def load(config: dict[str, Any]) -> Recognizer:
     """Load the Whisper model named by the pool's config."""
-    return Recognizer(config["model_dir"], threads=config["threads"], language=config["language"])
+    return Recognizer(
+        config["model_dir"],
+        threads=config["threads"],
+        language=config["language"],
+        window_s=config.get("window_s", _FULL_WINDOW_S),
+    )
+
+
+def repeats_itself(text: str) -> bool:
+    """The decoder lost track of the end: a phrase of 3 or more words said twice in a row (or
+    of 2 words, three times), a syllable stuttered ("catechololololo"), or text so repetitive
+    that zlib compresses it more than 2.4 times (Whisper's own test, for long transcripts)."""
+    data = text.encode()
+    if data and len(data) / len(zlib.compress(data)) > _REPETITIVE:
+        return True
+    if _STUTTER.search(text.lower()):
+        return True
+    words = re.findall(r"[a-z0-9']+", text.lower())
+    count = len(words)
+    for size in range(2, count // 2 + 1):
+        copies = 2 if size >= 3 else 3
+        for start in range(count - copies * size + 1):
+            phrase = words[start : start + size]
+            if all(
+                words[start + k * size : start + (k + 1) * size] == phrase for k in range(1, copies)
+            ):
+                return True
+    return False
 
 
 class Recognizer:
-    """One Whisper model (int8 on the CPU), transcribing one utterance at a time."""
+    """One Whisper model (int8 on the CPU), transcribing one utterance at a time.
 
-    def __init__(self, model_dir: str, *, threads: int, language: str) -> None:
+    Args:
+        window_s: the encoder window of an utterance shorter than it by a second or more,
+            else twice it, else 30 (see the module's docstring); 30 encodes every utterance in
+            Whisper's own window.
+    """
+
+    def __init__(
+        self, model_dir: str, *, threads: int, language: str, window_s: float = _FULL_WINDOW_S
+    ) -> None:
         started = time.perf_counter()
         whisper = require("faster_whisper", package="faster-whisper", extra="speech")
         self._np: Any = require("numpy", package="numpy", extra="speech")
         self.language = language
+        self.window_s = min(float(window_s), _FULL_WINDOW_S)
         try:
             self._model = whisper.WhisperModel(
                 model_dir,
@@ -38,8 +99,23 @@ class Recognizer:
             )
         except (RuntimeError, ValueError, OSError) as exc:
             raise SpeechModelError(f"cannot load the Whisper model in {model_dir}: {exc}") from exc
-        # The first call allocates the buffers; pay for it now, not on the player's first line.
-        self._transcribe(self._np.zeros(8000, dtype=self._np.float32), beam_size=1)
+        # faster-whisper's own pieces (the version is pinned in constraints.txt).
+        tokenizer: Any = importlib.import_module("faster_whisper.tokenizer")
+        transcribe: Any = importlib.import_module("faster_whisper.transcribe")
+        model = self._model
+        self._tokenizer: Any = tokenizer.Tokenizer(
+            model.hf_tokenizer,
+            model.model.is_multilingual,
+            task="transcribe",
+            language=language if model.model.is_multilingual else "en",
+        )
+        self._prompt: list[int] = model.get_prompt(self._tokenizer, [], without_timestamps=True)
+        self._suppress: list[int] = transcribe.get_suppressed_tokens(self._tokenizer, [-1])
+        # The first call in each window allocates its buffers: pay for it now, not on the
+        # player's first line.
+        quiet = self._np.zeros(8000, dtype=self._np.float32)
+        for window in {self.window_s, min(2 * self.window_s, _FULL_WINDOW_S), _FULL_WINDOW_S}:
+            self._decode(quiet, window, beam_size=1, duration=0.5)
         self.info: dict[str, Any] = {
             "pid": os.getpid(),
             "model": model_dir,
@@ -51,23 +127,59 @@ class Recognizer:
         started = time.perf_counter()
         np = self._np
         audio = np.frombuffer(payload["pcm"], dtype="<i2").astype(np.float32) / 32768.0
-        text, lang, duration = self._transcribe(audio, beam_size=payload["beam_size"])
+        text, lang, duration, window = self._transcribe(audio, beam_size=payload["beam_size"])
         yield {
             "text": text,
             "lang": lang,
             "duration_s": duration,
             "took_s": time.perf_counter() - started,
+            "window_s": window,
         }
 
-    def _transcribe(self, audio: Any, *, beam_size: int) -> tuple[str, str, float]:
-        segments, info = self._model.transcribe(
-            audio,
-            language=self.language,
+    def _transcribe(self, audio: Any, *, beam_size: int) -> tuple[str, str, float, float]:
+        """(words, language, seconds of audio, the encoder window it was decoded in)."""
+        duration = len(audio) / 16000
+        window = self.window_s
+        while duration + _WINDOW_MARGIN_S > window and window < _FULL_WINDOW_S:
+            window = min(2 * window, _FULL_WINDOW_S)
+        text = self._decode(audio, window, beam_size=beam_size, duration=duration)
+        while window < _FULL_WINDOW_S and repeats_itself(text):
+            window = min(2 * window, _FULL_WINDOW_S)
+            text = self._decode(audio, window, beam_size=beam_size, duration=duration)
+        return text, self._tokenizer.language_code, duration, window
+
+    def _features(self, audio: Any, window_s: float) -> Any:
+        """The log-mel spectrogram (mels, frames) of `audio`, cut or padded with zeros to
+        `window_s`, as faster-whisper pads it to 30 s (with the audio padded with silence
+        instead, Whisper tiny hears "you" in silence with confidence)."""
+        np = self._np
+        frames = int(window_s * _FRAMES_PER_S)
+        features = self._model.feature_extractor(audio)[:, :-1][:, :frames]
+        if features.shape[-1] < frames:
+            features = np.pad(features, ((0, 0), (0, frames - features.shape[-1])))
+        return features
+
+    def _decode(self, audio: Any, window_s: float, *, beam_size: int, duration: float) -> str:
+        """Encode `audio` in a `window_s` window and decode its words; empty when nothing was
+        said."""
+        np = self._np
+        features = self._features(audio, window_s)
+        encoded = self._model.encode(np.ascontiguousarray(features, dtype=np.float32))
+        longest = self._model.max_length - len(self._prompt)
+        new_tokens = min(longest, int(_TOKENS_PER_S * duration) + _TOKENS_EXTRA)
+        result = self._model.model.generate(
+            encoded,
+            [self._prompt],
             beam_size=beam_size,
-            temperature=0.0,
-            condition_on_previous_text=False,
-            without_timestamps=True,
-            vad_filter=False,
-        )
-        text = "".join(segment.text for segment in segments).strip()
-        return text, str(info.language), float(info.duration)
+            max_length=len(self._prompt) + new_tokens,
+            return_scores=True,
+            return_no_speech_prob=True,
+            suppress_blank=True,
+            suppress_tokens=self._suppress,
+        )[0]
+        tokens = result.sequences_ids[0]
+        avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
+        if result.no_speech_prob > _NO_SPEECH_PROB and avg_logprob < _NO_SPEECH_LOGPROB:
+            return ""
+        text: str = self._tokenizer.decode(tokens).strip()
+        return text if re.search(r"\w", text) else ""  # "." alone: nothing was said
