@@ -19,17 +19,23 @@ the same size and cores; the target is 0); x p99: against `off`; applied/s: inte
 per second; hit: the share of the player's interactions whose NPC was predicted (and
 prefetched) in advance.
 
+`--bronze-every 1,2` runs every row with far-off (bronze) NPCs' micro-policies every frame
+(1, as before) and every other frame (2, the default; `ControlSettings.bronze_every`), so the
+two are compared in the same run: `x over` is a row's over-budget count against the same row
+at the first value given.
+
 Writes bench/results/frame.json.
 
     .venv/bin/python bench/frame.py [--seconds 20] [--sizes 1000,10000] [--threads 1]
                                     [--clients thread,process] [--cores shared,pinned]
-                                    [--rounds 3]
+                                    [--rounds 3] [--bronze-every 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -62,8 +68,9 @@ def run_row(
     url: str | None,
     client: SourceKind | None,
     split: CoreSplit | None,
+    bronze_every: int,
 ) -> dict[str, Any]:
-    settings = cpu_model_settings(0)  # as `mythic sim`
+    settings = dataclasses.replace(cpu_model_settings(0), bronze_every=bronze_every)
     controller = Controller(settings=settings, capacity=npcs)
     path = build_region(controller, RegionSpec(npcs=npcs, horde=npcs * 3 // 10, seed=0))
     source = None
@@ -81,6 +88,7 @@ def run_row(
     return {
         "npcs": npcs,
         "cores": "pinned" if split is not None else "shared",
+        "bronze_every": bronze_every,
         "traffic": client or "off",
         "frames": len(run.frame_s),
         "frame_ms": latency(run.frame_s, 1000),
@@ -102,17 +110,21 @@ def run_row(
 
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (size, cores, traffic): medians over the rounds; `over_by_model` is the
-    row's median over-budget count minus its `off` row's (same size and cores)."""
-    groups: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
+    """One row per (size, cores, bronze_every, traffic): medians over the rounds;
+    `over_by_model` is the row's median over-budget count minus its `off` row's (same size,
+    cores and bronze_every); `x_over` its over-budget count against the same row at the first
+    bronze_every run."""
+    groups: dict[tuple[int, str, int, str], list[dict[str, Any]]] = {}
     for run in runs:
-        groups.setdefault((run["npcs"], run["cores"], run["traffic"]), []).append(run)
+        key = (run["npcs"], run["cores"], run["bronze_every"], run["traffic"])
+        groups.setdefault(key, []).append(run)
     rows = []
-    for (npcs, cores, traffic), group in groups.items():
+    for (npcs, cores, every, traffic), group in groups.items():
         rows.append(
             {
                 "npcs": npcs,
                 "cores": cores,
+                "bronze_every": every,
                 "traffic": traffic,
                 "rounds": len(group),
                 "frame_ms": {
@@ -126,9 +138,15 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "hit_rate": median_or_none([g["hit_rate"] for g in group]),
             }
         )
-    off = {(r["npcs"], r["cores"]): r for r in rows if r["traffic"] == "off"}
+    off = {(r["npcs"], r["cores"], r["bronze_every"]): r for r in rows if r["traffic"] == "off"}
+    first = runs[0]["bronze_every"] if runs else None
+    same = {(r["npcs"], r["cores"], r["traffic"]): r for r in rows if r["bronze_every"] == first}
     for r in rows:
-        base = off.get((r["npcs"], r["cores"]))
+        before = same.get((r["npcs"], r["cores"], r["traffic"]))
+        r["x_over"] = (
+            ratio(max(r["over_budget"], 1), max(before["over_budget"], 1)) if before else None
+        )
+        base = off.get((r["npcs"], r["cores"], r["bronze_every"]))
         on = r["traffic"] != "off"
         r["over_by_model"] = (
             max(0, r["over_budget"] - base["over_budget"]) if on and base is not None else 0
@@ -155,6 +173,11 @@ def main() -> None:
         help="shared: all processes on all cores; pinned: "
         "the frame loop on cores of its own, the server and intent process on --threads others",
     )
+    parser.add_argument(
+        "--bronze-every",
+        default="2",
+        help="frames between runs of a bronze NPC's micro-policy; several (1,2) to compare",
+    )
     args = parser.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
     clients: list[SourceKind | None] = [None]
@@ -173,6 +196,12 @@ def main() -> None:
             placements.append(split)
         else:
             parser.error(f"--cores: {name!r} is neither shared nor pinned")
+    try:
+        everies = [int(v) for v in args.bronze_every.split(",")]
+    except ValueError:
+        parser.error(f"--bronze-every: {args.bronze_every!r} is not a list of integers")
+    if any(v < 1 for v in everies):
+        parser.error("--bronze-every: every value must be >= 1")
 
     runs: list[dict[str, Any]] = []
     for split in placements:
@@ -180,20 +209,26 @@ def main() -> None:
         with spawned_server(WORLD, threads=args.threads, cpus=cpus) as url:
             for n in range(args.rounds):  # rounds interleaved, so slow spells hit every row
                 for npcs in sizes:
-                    for client in clients:
-                        runs.append(run_row(npcs, args.seconds, url, client, split) | {"round": n})
+                    for every in everies:
+                        for client in clients:
+                            row = run_row(npcs, args.seconds, url, client, split, every)
+                            runs.append(row | {"round": n})
     rows = summarise(runs)
     print(
         f"frames paced at 300/s for {args.seconds:g} s, {args.rounds} round(s), medians; "
         f"budget {FRAME_BUDGET_S * 1000:.1f} ms"
     )
-    header = f"{'npcs':>6} {'cores':<7}{'client':<8}{'p50':>7}{'p99':>7}{'max':>7}{'over':>6}"
-    print(header + f"{'preempt':>8}{'by model':>9}{'x p99':>7}{'applied/s':>10}{'hit':>6}")
+    header = f"{'npcs':>6} {'cores':<7}{'bronze':>7} {'client':<8}{'p50':>7}{'p99':>7}{'max':>7}"
+    print(
+        header + f"{'over':>6}{'x over':>7}{'preempt':>8}{'by model':>9}{'x p99':>7}"
+        f"{'applied/s':>10}{'hit':>6}"
+    )
     for r in rows:
         ms = r["frame_ms"]
         print(
-            f"{r['npcs']:>6} {r['cores']:<7}{r['traffic']:<8}{fmt(ms['p50'], '.2f'):>7}"
-            f"{fmt(ms['p99'], '.2f'):>7}{fmt(ms['max'], '.2f'):>7}{fmt(r['over_budget'], 'g'):>6}"
+            f"{r['npcs']:>6} {r['cores']:<7}{r['bronze_every']:>7} {r['traffic']:<8}"
+            f"{fmt(ms['p50'], '.2f'):>7}{fmt(ms['p99'], '.2f'):>7}{fmt(ms['max'], '.2f'):>7}"
+            f"{fmt(r['over_budget'], 'g'):>6}{fmt(r['x_over'], '.2f'):>7}"
             f"{fmt(r['preempted'], 'g'):>8}{fmt(r['over_by_model'], 'g'):>9}"
             f"{fmt(r['x_p99'], '.2f'):>7}"
             f"{fmt(r['applied_per_s'], '.1f'):>10}{fmt(r['hit_rate'], '.2f'):>6}"
@@ -208,6 +243,7 @@ def main() -> None:
         server_threads=args.threads,
         nice=10,
         rounds=args.rounds,
+        bronze_every=everies,
         runs=runs,
         cores={
             "shared" if s is None else "pinned": None

@@ -71,3 +71,17 @@ def test_sim_refuses_bad_numbers_with_a_message() -> None:
     assert result.returncode == 2
     assert "horde" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_sim_runs_far_off_npcs_every_frame_or_every_other_and_refuses_zero() -> None:
+    for every in ("1", "3"):
+        result = mythic(
+            "sim", "--no-model", "--npcs", "300", "--horde", "60", "--seconds", "2",
+            "--bronze-every", every,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert _numbers(result.stdout, "frames") > 100
+    result = mythic("sim", "--no-model", "--npcs", "300", "--seconds", "1", "--bronze-every", "0")
+    assert result.returncode == 2
+    assert "bronze_every" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -146,8 +146,10 @@ def test_horde_closes_on_the_player_stays_cohesive_and_never_overlaps() -> None:
     assert controller.crowd.policy[:200].tolist() == [Policy.HORDE] * 200
 
 
-def test_a_roaming_horde_holds_together() -> None:
-    controller = Controller(settings=ControlSettings(seed=5))
+@pytest.mark.parametrize("bronze_every", [1, 2])
+def test_a_roaming_horde_holds_together(bronze_every: int) -> None:
+    # Out of the player's reach they are bronze: with 2, half of them steer in a frame.
+    controller = Controller(settings=ControlSettings(seed=5, bronze_every=bronze_every))
     rng = np.random.default_rng(1)
     for k, p in enumerate(rng.random((200, 2)) * 20):
         controller.add(f"z{k}", "zombie", p)
@@ -870,6 +872,200 @@ def test_a_tier_change_keeps_the_running_intent() -> None:
     assert controller.crowd.policy[row(controller, "ann")] == Policy.FLEE
 
 
+# -- bronze NPCs at a lower rate --------------------------------------------------------------
+
+
+def ran(controller: Controller) -> np.ndarray:
+    """Whether each NPC's micro-policy ran in the last frame (its skipped time is zero)."""
+    return controller.crowd.steer_lag[: len(controller.crowd)] == 0.0
+
+
+@pytest.mark.parametrize("every", [2, 3])
+def test_bronze_npcs_take_turns_and_every_one_runs_every_bronze_every_frames(every: int) -> None:
+    controller = Controller(settings=ControlSettings(seed=4, bronze_every=every))
+    for k in range(6):
+        controller.add(f"gold{k}", "villager", (5.0 + k, 0.0))  # near the player
+    for k in range(6):
+        controller.add(f"silver{k}", "villager", (0.0, 45.0 + k))
+    for k in range(60):  # far off, apart: bronze wanderers
+        controller.add(f"far{k}", "villager", (300.0 + 3.0 * k, 300.0))
+    crowd = controller.crowd
+    since: dict[str, int] = dict.fromkeys(crowd.ids, 0)  # frames since each NPC last ran
+    runs: list[np.ndarray] = []
+    previous = [crowd.positions.copy()]
+
+    def watch(now: float) -> None:
+        mask = ran(controller)
+        runs.append(mask)
+        for npc in crowd.ids:
+            since[npc] = 0 if mask[row(controller, npc)] else since[npc] + 1
+            assert since[npc] < every, npc  # no NPC waits `every` frames or more
+        lag = crowd.steer_lag[: len(crowd)]
+        assert lag.max() <= (every - 1) * DT * (1 + 1e-9)
+        pos = crowd.positions
+        if len(pos) == len(previous[0]):
+            steps = np.linalg.norm(pos - previous[0], axis=1)
+            assert steps.min() > 0.0  # every wanderer moves in every frame: no stalls
+        previous[0] = pos.copy()
+
+    end = run(controller, 2.0, each=watch)
+    assert {controller.tier_of(npc) for npc in crowd.ids if npc.startswith("far")} == {Tier.BRONZE}
+    assert {controller.tier_of(f"gold{k}") for k in range(6)} == {Tier.GOLD}
+    assert {controller.tier_of(f"silver{k}") for k in range(6)} == {Tier.SILVER}
+    masks = np.array(runs[1:])  # after the first frame, where every NPC runs
+    assert masks[:, :12].all()  # gold and silver: every frame
+    bronze = masks[:, 12:]
+    assert set(bronze.sum(axis=1).tolist()) == {60 // every}  # an even share each frame
+    for start in range(len(bronze) - every + 1):  # each one exactly once in every `every`
+        assert (bronze[start : start + every].sum(axis=0) == 1).all()
+
+    # Rows move when NPCs leave or join: every NPC runs in the next frame, and none waits
+    # longer than before, whichever row it lands in.
+    controller.remove("far3")
+    controller.remove("gold0")
+    controller.add("late", "villager", (600.0, 600.0))
+    runs.clear()
+    del since["far3"], since["gold0"]
+    since["late"] = 0
+    run(controller, 1.0, start=end, each=watch)
+    assert runs[0].all()
+    assert not runs[1].all()
+
+
+def test_staggered_bronze_npcs_walk_the_same_paths_at_the_same_speeds() -> None:
+    # The same far-off crowd, its policies run every frame or every other frame (each run
+    # over the time since the NPC's last one): the same patrol paths, wandering that turns
+    # as much and covers as much ground, at the same speeds.
+    def crowd_after(every: int) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+        table = ArchetypeTable()  # slow to speed up: 3 s to walking speed
+        table.register(Archetype("porter", "guard", 3.0, 0.5, Behaviour(Policy.PATROL)))
+        settings = ControlSettings(seed=9, bronze_every=every)
+        controller = Controller(settings=settings, archetypes=table)
+        for k in range(8):  # each on a road of its own
+            x, y = 500.0 + 50.0 * k, 10.0 * k
+            controller.add_route(f"road{k}", [(x, y), (x + 5.0 * k, y + 100.0)])
+            controller.add(f"pat{k}", "porter", (x, y), route=f"road{k}")
+        for k in range(600):  # far apart: each wanders on its own
+            controller.add(
+                f"ann{k}", "villager", (-500.0 + 40.0 * (k % 25), 400 + 40.0 * (k // 25))
+            )
+        crowd = controller.crowd
+        start = crowd.positions.copy()
+        walked = np.zeros(len(crowd))
+        speeds: list[float] = []
+
+        def watch(now: float) -> None:
+            speeds.append(float(np.linalg.norm(crowd.vel[8 : len(crowd)], axis=1).mean()))
+
+        before = [start]
+
+        def measure(now: float) -> None:
+            watch(now)
+            pos = crowd.positions.copy()
+            walked[:] += np.linalg.norm(pos - before[0], axis=1)
+            before[0] = pos
+
+        run(controller, 6.0, Player((0.0, -500.0)), each=measure)
+        assert set(crowd.tier[: len(crowd)].tolist()) == {Tier.BRONZE}
+        pos = crowd.positions.copy()
+        return pos, walked, float(np.mean(speeds[60:])), np.linalg.norm(pos - start, axis=1)
+
+    pos1, walked1, speed1, away1 = crowd_after(1)
+    pos2, walked2, speed2, away2 = crowd_after(2)
+    # Patrols are deterministic: the same path, speeding up and walking as far.
+    np.testing.assert_allclose(pos2[:8], pos1[:8], atol=0.05)
+    np.testing.assert_allclose(walked2[:8], walked1[:8], rtol=0.01)
+    # Wandering is random: the same speed, ground covered and distance from home, on average.
+    assert speed2 == pytest.approx(speed1, rel=0.02)
+    assert walked2[8:].mean() == pytest.approx(walked1[8:].mean(), rel=0.02)
+    assert away2[8:].mean() == pytest.approx(away1[8:].mean(), rel=0.08)  # turning as much
+    assert not np.array_equal(pos2[8:], pos1[8:])  # they did run differently
+
+
+def test_a_promoted_bronze_npc_runs_every_frame_at_once_without_a_jump() -> None:
+    controller = Controller(settings=ControlSettings(seed=2, bronze_every=2))
+    controller.add_route("yard", [(100.0, 0.0), (140.0, 0.0)])
+    controller.add("gus", "guard", (100.0, 0.0), route="yard")
+    for k in range(9):
+        controller.add(f"far{k}", "villager", (200.0 + 3.0 * k, 0.0))
+    gus = row(controller, "gus")
+    crowd = controller.crowd
+    arrived = 1.2  # the player walks up to the guard then: it is gold from the tier update
+
+    def player(now: float) -> Player:
+        return Player((0.0, 0.0) if now < arrived else (118.0, 5.0))
+
+    tiers: list[Tier] = []
+    steps: list[float] = []
+    runs: list[bool] = []
+    last = [position(controller, "gus")]
+
+    def watch(now: float) -> None:
+        tiers.append(controller.tier_of("gus"))
+        runs.append(bool(ran(controller)[gus]))
+        here = position(controller, "gus")
+        steps.append(float(np.linalg.norm(here - last[0])))
+        last[0] = here
+
+    run(controller, 3.0, player, each=watch)
+    promoted = tiers.index(Tier.GOLD)
+    assert set(tiers[:promoted]) == {Tier.BRONZE} and set(tiers[promoted:]) == {Tier.GOLD}
+    assert not all(runs[1:promoted])  # bronze: it skipped frames
+    assert all(runs[promoted:])  # gold: it runs in every frame from the first one on
+    # It walks on without a jump or a stall: every frame a step of its walking speed.
+    cruise = 5.0 * 0.3 * DT
+    assert max(steps[60:]) <= cruise * 1.01
+    assert min(steps[60:]) >= cruise * 0.99
+    assert float(crowd.steer_lag[gus]) == 0.0
+
+
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_a_bronze_npc_blends_a_new_policy_in_over_blend_s(every: int) -> None:
+    settings = ControlSettings(bronze_every=every, blend_s=0.4, intent_ttl_s=60.0)
+    controller = Controller(settings=settings)
+    controller.add("ann", "villager", (300.0, 0.0))
+    end = run(controller, 0.5)
+    controller.deliver(push("ann", "combat", "player"))
+    left: list[float] = []
+    run(
+        controller,
+        1.0,
+        start=end,
+        each=lambda now: left.append(float(controller.crowd.blend_left[0])),
+    )
+    assert controller.crowd.policy[0] == Policy.FLEE and controller.tier_of("ann") == Tier.BRONZE
+    # Over 0.4 s of game time, whichever frames it ran in (up to `every` - 1 frames late).
+    done = left.index(0.0) + 1
+    assert round(0.4 / DT) <= done <= round(0.4 / DT) + every - 1
+
+
+def test_bronze_every_1_runs_everyone_every_frame_as_before() -> None:
+    # Before bronze NPCs took turns, the tier never changed how an NPC moved: with
+    # `bronze_every=1` a far-off (bronze) crowd moves exactly as the same crowd near the
+    # player (gold), same seed, same positions. With turns, it does not.
+    def positions(every: int, near: bool) -> np.ndarray:
+        gold = TierBand(1e4, 1e4, 1000, 2.0) if near else TierBand(25.0, 35.0, 200, 2.0)
+        silver = TierBand(1e4, 1e4, 400, 0.5) if near else TierBand(60.0, 80.0, 400, 0.5)
+        settings = ControlSettings(seed=7, bronze_every=every, gold=gold, silver=silver)
+        controller = Controller(settings=settings)
+        controller.add_route("yard", [(0.0, 0.0), (20.0, 0.0), (20.0, 20.0)])
+        for k in range(60):
+            controller.add(f"ann{k}", "villager", (3.0 * k, 0.0))
+            controller.add(f"zed{k}", "zombie", (3.0 * k, 40.0 + 0.4 * (k % 7)))
+            controller.add(f"gus{k}", "guard", (0.0, 0.5 * k), route="yard")
+        controller.deliver(push("ann0", "combat", "zed3"))
+        controller.deliver(push("ann1", "chitchat", "gus2"))
+        run(controller, 2.0, Player((2000.0, 2000.0)))
+        expected = Tier.GOLD if near else Tier.BRONZE
+        assert set(controller.crowd.tier[:180].tolist()) == {expected}
+        return controller.crowd.positions.copy()
+
+    everyone_gold = positions(1, near=True)
+    np.testing.assert_array_equal(positions(1, near=False), everyone_gold)
+    np.testing.assert_array_equal(positions(2, near=True), everyone_gold)  # nobody bronze
+    assert not np.array_equal(positions(2, near=False), everyone_gold)
+
+
 # -- prediction -------------------------------------------------------------------------------
 
 
@@ -1159,6 +1355,10 @@ def test_settings_are_validated() -> None:
         ControlSettings(neighbour_skin_m=-0.1)
     with pytest.raises(ValueError, match="separation_period_s"):
         ControlSettings(separation_period_s=-1.0)
+    for every in (0, -2, 1.5, 2.0, True, "2"):
+        with pytest.raises(ValueError, match="bronze_every: must be an integer >= 1"):
+            ControlSettings(bronze_every=every)  # type: ignore[arg-type]
+    assert ControlSettings(bronze_every=1).bronze_every == 1
 
 
 # -- the crowd --------------------------------------------------------------------------------

@@ -1259,13 +1259,32 @@ def sim(
             "intent client) to the --threads others (Linux, 2+ cores).",
         ),
     ] = True,
+    bronze_every: Annotated[
+        int,
+        typer.Option(
+            help="Frames between two runs of a far-off (bronze) NPC's micro-policy "
+            "(ControlSettings.bronze_every; 1: every frame)."
+        ),
+    ] = 2,
 ) -> None:
     """A headless region: a player walks through a town, its monsters and a zombie horde, every
     NPC steered at frame rate by the game-side controller while the NPCs near the player get
     intents from the model (a server of its own, or --server). Prints frame-time statistics."""
     _guard(
         lambda: _sim(
-            world, npcs, horde, seconds, fps, server, model, threads, intents, view, seed, pin
+            world,
+            npcs,
+            horde,
+            seconds,
+            fps,
+            server,
+            model,
+            threads,
+            intents,
+            view,
+            seed,
+            pin,
+            bronze_every,
         )
     )
 
@@ -1283,8 +1302,10 @@ def _sim(
     view: Path | None,
     seed: int,
     pin: bool,
+    bronze_every: int,
 ) -> None:
     import contextlib
+    import dataclasses
 
     from mythic.cli._replay import ReplayRecorder
     from mythic.cli._sim import (
@@ -1306,7 +1327,7 @@ def _sim(
         raise MythicError(f"--intents must be 'process' or 'thread', not {intents!r}")
     try:
         spec = RegionSpec(npcs=npcs, horde=horde, seed=seed)
-        settings = cpu_model_settings(seed)
+        settings = dataclasses.replace(cpu_model_settings(seed), bronze_every=bronze_every)
     except ValueError as exc:
         raise MythicError(str(exc)) from None
     controller = Controller(settings=settings, capacity=npcs)

@@ -3,7 +3,8 @@
 Per frame: apply the intents that arrived since the last frame (the frame boundary), expire
 old intents and time out silent requests, update tiers and the interaction prediction every
 `tier_period_s`, hand the due intent requests to the source (which returns at once), then run
-the micro-policies and move everyone. No await, no lock held across a wait, no I/O.
+the micro-policies (a bronze NPC's every `bronze_every` frames) and move everyone. No await, no
+lock held across a wait, no I/O.
 """
 
 from __future__ import annotations

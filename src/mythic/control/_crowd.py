@@ -84,6 +84,7 @@ _COLUMNS: tuple[tuple[str, type[np.generic], tuple[int, ...], float], ...] = (
     ("desired", np.float32, (2,), 0.0),
     ("blend_from", np.float32, (2,), 0.0),
     ("blend_left", np.float32, (), 0.0),
+    ("steer_lag", np.float64, (), 0.0),
     ("route", np.int32, (), -1),
     ("waypoint", np.int32, (), 0),
     ("wander_angle", np.float32, (), 0.0),
@@ -121,8 +122,10 @@ class Crowd:
     kinematics `pos`, `vel` (N, 2 float32, metres and metres per second), `heading` (radians,
     0 = +x), `home`, `max_speed`, `max_accel`, `body_radius`, `archetype` (id in `archetypes`);
     behaviour `policy` (a `Policy`), `target` (a row, `PLAYER`, `PLACE` or `NO_TARGET`), `point`,
-    `radius`, `reach`, `speed`, `then`; steering `desired` (last frame's desired velocity),
-    `blend_from` (the desired velocity a policy change cross-fades from) and `blend_left`;
+    `radius`, `reach`, `speed`, `then`; steering `desired` (the desired velocity of the policy's
+    last run), `blend_from` (the desired velocity a policy change cross-fades from),
+    `blend_left` and `steer_lag` (seconds of the frames the micro-policy skipped since it last
+    ran or was switched: bronze NPCs run every `bronze_every` frames);
     policy state `route`, `waypoint`, `wander_angle`, `stalk_phase`, the horde's `cohesion`
     and `alignment` (refreshed at `flock_period_s`); activation `tier`, `quest`,
     `relationship`; intent-cache clocks `next_request_at`, `in_flight`, `sent_at`, `intent_at`,
@@ -149,6 +152,7 @@ class Crowd:
     desired: F32
     blend_from: F32
     blend_left: F32
+    steer_lag: F64
     route: I32
     waypoint: I32
     wander_angle: F32
@@ -407,6 +411,7 @@ class Crowd:
         if switch.size:
             self.blend_from[switch] = self.desired[switch]
             self.blend_left[switch] = blend_s
+            self.steer_lag[switch] = 0.0  # the new policy steers from the switch on
             self.stalk_phase[switch] = StalkPhase.PROWL
             wander = switch[new_policy[changed] == Policy.WANDER]
             self.wander_angle[wander] = self.heading[wander]

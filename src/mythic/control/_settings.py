@@ -58,6 +58,19 @@ class ControlSettings:
     """Ambient NPCs (everyone else): 0 asks never; they run their archetype default."""
     bronze_jitter: float = 0.2
     """Jitter of bronze request intervals, as `TierBand.jitter`."""
+    bronze_every: int = 2
+    """Frames between two runs of a bronze (far-off) NPC's micro-policy: 1 runs it every
+    frame; 2 every other frame, the bronze rows taking turns (by row) so that a frame runs half
+    of them. In a large crowd most NPCs are bronze, and their policies, blends, velocity and
+    heading updates are most of the frame. A run steers over the time since the NPC's own last
+    run (acceleration, turning, wander noise and blends scaled to it), so it walks the same
+    paths at the same speeds; its velocity changes every `bronze_every` frames, and a new
+    intent is taken up at its next run. Every frame, for everyone: moving along the current
+    velocity (positions never stall or jump), pushing overlapping bodies apart (and the
+    neighbour list that finds them), and intents, expiry, timeouts and tiers at the frame
+    boundary. Gold and silver NPCs run every frame, a promoted one from the frame of its
+    promotion; every NPC runs in the frame after NPCs were added or removed (a row that moved
+    takes its new row's turns)."""
     quest_boost: int = 1
     """Tiers an NPC with a quest flag is raised by."""
     relationship_threshold: float = 0.6
@@ -183,6 +196,9 @@ class ControlSettings:
         ):
             _check(name, getattr(self, name) >= 0, "must be >= 0")
         _check("max_requests_per_frame", self.max_requests_per_frame >= 1, "must be >= 1")
+        every = self.bronze_every
+        whole = isinstance(every, int) and not isinstance(every, bool)
+        _check("bronze_every", whole and every >= 1, "must be an integer >= 1")
         _check("prey_fov_deg", 0 < self.prey_fov_deg <= 360, "must be in (0, 360]")
         _check("view_cone_deg", 0 < self.view_cone_deg <= 180, "must be in (0, 180]")
         _check("relationship_threshold", self.relationship_threshold >= 0, "must be >= 0")

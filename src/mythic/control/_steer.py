@@ -20,6 +20,15 @@ skips the general indexing machinery. The rows of each policy, and of each kind 
 are kept from frame to frame while the policy and target columns stay the same (`_Layout`),
 and every NPC that wanders in a frame (wanderers, and horde members and stalkers with
 nothing in reach) does so in one pass.
+
+Far-off (bronze) NPCs run their micro-policies every `bronze_every` frames, taking turns by
+row, so that a frame runs only a share of them; each run steers over the time since the NPC's
+own last one (its `steer_lag` and the frame's `dt`). Moving along the velocity, the overlap
+pushes and the neighbour list are per frame for every NPC: positions advance smoothly, and no
+body sinks into another, whichever NPCs ran. The frame's geometry (positions, targets,
+distances) is taken for every row in contiguous passes, cheaper than gathering the rows that
+run; the policies, the wandering, the blends, the velocity and heading updates (the gathers,
+the random numbers, the trigonometry) only for the rows that run.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import numpy as np
 from mythic.control._archetypes import NO_POLICY, Policy
 from mythic.control._crowd import (
     F32,
+    F64,
     I8,
     I32,
     NO_TARGET,
@@ -41,6 +51,7 @@ from mythic.control._crowd import (
     Crowd,
     Index,
     StalkPhase,
+    Tier,
     finite_point,
 )
 from mythic.control._grid import (
@@ -69,6 +80,7 @@ _MOST_WAIT = 2
 _PROWL, _CREEP, _FREEZE, _RUSH, _FEED = (int(p) for p in StalkPhase)
 _I8 = tuple(np.int8(p) for p in StalkPhase)  # the phases as int8 scalars, to pick from
 _WANDER, _HORDE, _STALK = int(Policy.WANDER), int(Policy.HORDE), int(Policy.STALK)
+_BRONZE = int(Tier.BRONZE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,19 +114,23 @@ class Player:
 
 @dataclass(frozen=True, slots=True)
 class _Layout:
-    """Rows by policy and by kind of target, from the policy and target columns as they were."""
+    """The rows whose micro-policy runs in a frame, and of those the rows of each policy and
+    of each kind of target, from the policy, target and tier columns as they were."""
 
-    policies: I8
-    targets: I32
+    due: Index | None
+    """The rows that run, in row order; None: every row."""
+    running: Bools | None
+    """`due` as a mask over every row; None: every row."""
     rows: list[tuple[int, Index]]
-    """Each policy present and its rows, in row order."""
+    """Each policy present among the rows that run and its rows, in row order."""
     on_npc: Index
-    """Rows whose target is an NPC ..."""
+    """Rows that run whose target is an NPC ..."""
     other: I32
     """... and that NPC's row."""
     on_player: Index
-    """Rows whose target is the player."""
+    """Rows that run whose target is the player."""
     has_target: Bools
+    """Every row: whether it has a target."""
 
 
 @dataclass(slots=True)
@@ -140,8 +156,15 @@ class _Frame:
     fx: F32
     """Direction to face, x; NaN where the NPC faces where it walks."""
     fy: F32
+    elapsed: float | F64
+    """Seconds each row that runs steers over: the frame's `dt` when every row ran in the
+    frame before too, else a column over every row (its `steer_lag` and `dt`)."""
     switches: list[tuple[Index, I8 | int, int]] = field(default_factory=list)
     """Policy changes the policies ask for: rows, new policy, its follow-up."""
+
+    def elapsed_at(self, rows: Index) -> float | F64:
+        """The seconds `rows` steer over."""
+        return _seconds_at(self.elapsed, rows)
 
     def face_target(self, rows: Index) -> None:
         """Face the target (rows whose target is not on top of them)."""
@@ -150,6 +173,92 @@ class _Frame:
         inv = _ONE / self.dist.take(rows)
         self.fx[rows] = self.ox.take(rows) * inv
         self.fy[rows] = self.oy.take(rows) * inv
+
+
+def _seconds_at(seconds: float | F64, rows: Index) -> float | F64:
+    """A time the same for every row, or a column of times (one per row) at `rows`."""
+    return seconds if isinstance(seconds, float) else seconds.take(rows)
+
+
+def _f32(seconds: float | F64) -> np.float32 | F32:
+    """A time, or a column of times, in float32."""
+    return np.float32(seconds) if isinstance(seconds, float) else seconds.astype(np.float32)
+
+
+def _at(column: F32, n: int, rows: Index | None) -> F32:
+    """A column at `rows` (a copy), or its first `n` rows for None (a view: to read only)."""
+    out: F32 = column[:n] if rows is None else column.take(rows)
+    return out
+
+
+def _put(column: F32, n: int, rows: Index | None, values: F32) -> None:
+    """Write one value per row of `rows` (its first `n` rows for None) into a column."""
+    if rows is None:
+        column[:n] = values
+    else:
+        column[rows] = values
+
+
+def _take_xy(column: F32, n: int, rows: Index | None) -> tuple[F32, F32]:
+    """Copies of the x and y of an (N, 2) column at `rows`, or at its first `n` rows for None.
+    Rows are gathered as complex numbers: one gather for both, and `take` on a column of
+    the pair (a strided view) would copy the whole column first."""
+    if rows is None:
+        return column[:n, 0].copy(), column[:n, 1].copy()
+    z = complex_positions(column[:n]).take(rows)
+    return z.real.copy(), z.imag.copy()
+
+
+def _put_xy(column: F32, n: int, rows: Index | None, x: F32, y: F32) -> None:
+    """Write x and y of `rows` (its first `n` rows for None) into an (N, 2) column."""
+    if rows is None:
+        column[:n, 0] = x
+        column[:n, 1] = y
+        return
+    z = np.empty(len(rows), dtype=np.complex64)
+    z.real = x
+    z.imag = y
+    column[:n].view(np.complex64)[rows, 0] = z
+
+
+def _lay_out(policies: I8, targets: I32, tiers: I8 | None, turn: int | None, every: int) -> _Layout:
+    """Which rows run (all of them for a `turn` of None; else the rows that are not bronze
+    and the bronze rows `r` with `r % every == turn`), and of those which run each policy and
+    which aim at an NPC or the player."""
+    due: Index | None = None
+    running: Bools | None = None
+    if turn is not None and tiers is not None:
+        mask = tiers != _BRONZE
+        mask |= np.arange(len(tiers)) % every == turn
+        if not mask.all():
+            due, running = mask.nonzero()[0], mask
+    kinds = policies if due is None else policies.take(due)
+    aims = targets if due is None else targets.take(due)
+    present = np.bincount(kinds.astype(np.intp), minlength=len(Policy))
+    by_policy = np.argsort(kinds, kind="stable")
+    on_npc = (aims >= 0).nonzero()[0]
+    other = aims.take(on_npc)
+    on_player = (aims == PLAYER).nonzero()[0]
+    if due is not None:  # back from places among the rows that run to rows
+        by_policy, on_npc, on_player = due.take(by_policy), due.take(on_npc), due.take(on_player)
+    ends = np.cumsum(present)
+    rows = [
+        (policy, by_policy[ends[policy] - present[policy] : ends[policy]])
+        for policy in present.nonzero()[0].tolist()
+    ]
+    layout = _Layout(
+        due=due,
+        running=running,
+        rows=rows,
+        on_npc=on_npc,
+        other=other,
+        on_player=on_player,
+        has_target=targets != NO_TARGET,
+    )
+    for array in (by_policy, on_npc, other, on_player, due, running):
+        if array is not None:
+            array.flags.writeable = False  # shared by the frames until the layout changes
+    return layout
 
 
 def _length(x: F32, y: F32) -> F32:
@@ -194,7 +303,7 @@ class Steering:
     def __init__(self, settings: ControlSettings, rng: np.random.Generator) -> None:
         self.settings = settings
         self.rng = rng
-        self._handlers: dict[int, Callable[[Crowd, _Frame, Index, float], None]] = {
+        self._handlers: dict[int, Callable[[Crowd, _Frame, Index], None]] = {
             Policy.IDLE: self._idle,
             Policy.WANDER: self._wander,
             Policy.SEEK: self._seek,
@@ -219,12 +328,22 @@ class Steering:
         self._separation_fresh = False  # looked at in this frame
         self.neighbours = NeighbourList(settings.neighbour_radius_m, settings.neighbour_skin_m)
         """The pairs closer than `neighbour_radius_m`, kept across frames."""
-        self._kept_layout: _Layout | None = None
+        # The columns the kept layouts are for, and a layout per turn (None: every row).
+        self._kept_columns: tuple[I8, I32, I8 | None] | None = None
+        self._layouts: dict[int | None, _Layout] = {}
+        self._frames = 0  # frames stepped: whose turn it is among the bronze rows
+        self._revision: object = None  # the crowd's rows as of the last frame
+        self._lagging = False  # some row skipped a frame since it last ran
 
     # -- the frame --------------------------------------------------------------------------
 
     def step(self, crowd: Crowd, player: Player, dt: float, *, busy: bool = False) -> None:
         """Advance every NPC by `dt` seconds: policies, blending, velocity, position, heading.
+
+        The micro-policies, blends, velocities and headings are updated for the rows that run
+        in this frame (`_layout`: every row, or all but the bronze rows whose turn it is
+        not), each over the time since its own last run; every NPC then moves along its
+        velocity for `dt` and overlapping bodies are pushed apart.
 
         `busy` says the caller ran a periodic refresh of its own in this frame (the tiers):
         the horde's periodic refreshes then wait for a later frame. One periodic refresh
@@ -235,6 +354,7 @@ class Steering:
         n = len(crowd)
         if n == 0:
             return
+        dt = float(dt)
         px, py = player.position
         vx, vy = player.velocity
         self._player_pos = (np.float32(px), np.float32(py))
@@ -247,10 +367,14 @@ class Steering:
         self._flock_clock += dt
         self.neighbours.update(crowd.pos[:n], crowd.revision, crowd.vel[:n], dt)
 
-        frame = self._evaluate(crowd, dt)
+        layout = self._layout(crowd)
+        due = layout.due
+        frame = self._evaluate(crowd, layout, self._elapsed(crowd, due, dt))
         dx, dy = frame.vx, frame.vy
         left = crowd.blend_left[:n]
         blending = (left > 0).nonzero()[0]
+        if layout.running is not None and blending.size:
+            blending = blending.take(layout.running.take(blending).nonzero()[0])
         if blending.size:
             blend_s = np.float32(max(self.settings.blend_s, 1e-6))
             w = np.clip(1 - left[blending] / blend_s, 0, 1)
@@ -258,11 +382,11 @@ class Steering:
             keep = 1 - w
             dx[blending] = _x(crowd.blend_from)[blending] * keep + dx[blending] * w
             dy[blending] = _y(crowd.blend_from)[blending] * keep + dy[blending] * w
-            left[blending] = np.maximum(left[blending] - np.float32(dt), 0)
-        _x(crowd.desired)[:n] = dx
-        _y(crowd.desired)[:n] = dy
+            left[blending] = np.maximum(left[blending] - _f32(frame.elapsed_at(blending)), 0)
+        _put_xy(crowd.desired, n, due, _at(dx, n, due), _at(dy, n, due))
 
-        self._integrate(crowd, frame, dt)
+        self._integrate(crowd, frame, due, dt)
+        self._frames += 1
         for switch, policy, then in frame.switches:
             crowd.set_behaviour(
                 switch,
@@ -275,9 +399,26 @@ class Steering:
                 blend_s=self.settings.blend_s,
             )
 
-    def _evaluate(self, crowd: Crowd, dt: float) -> _Frame:
+    def _elapsed(self, crowd: Crowd, due: Index | None, dt: float) -> float | F64:
+        """The seconds each row that runs (`due`; None: every row) steers over: `dt` while
+        every row runs every frame; else per row, its `steer_lag` (the frames it skipped)
+        and `dt`. The rows that run start their lag again; the others add `dt` to it."""
+        if due is None and not self._lagging:
+            return dt
+        lag = crowd.steer_lag[: len(crowd)]
+        lag += dt
+        elapsed: F64 = lag.copy()
+        if due is None:
+            lag[:] = 0.0
+        else:
+            lag[due] = 0.0
+        self._lagging = due is not None
+        return elapsed
+
+    def _evaluate(self, crowd: Crowd, layout: _Layout, elapsed: float | F64) -> _Frame:
+        """The desired velocity (and facing) of the rows that run; the geometry toward the
+        targets is taken for every row (contiguous passes cost less than gathering)."""
         n = len(crowd)
-        layout = self._layout(crowd.policy[:n], crowd.target[:n])
         pos = crowd.pos[:n]
         px = pos[:, 0].copy()
         py = pos[:, 1].copy()
@@ -306,80 +447,88 @@ class Steering:
             vy=np.zeros(n, dtype=np.float32),
             fx=np.full(n, np.nan, dtype=np.float32),
             fy=np.full(n, np.nan, dtype=np.float32),
+            elapsed=elapsed,
         )
-        self._wander_all(crowd, frame, layout, dt)
+        self._wander_all(crowd, frame, layout)
         for policy, rows in layout.rows:
-            self._handlers[policy](crowd, frame, rows, dt)
+            self._handlers[policy](crowd, frame, rows)
         return frame
 
-    def _layout(self, policies: I8, targets: I32) -> _Layout:
-        """Which rows run each policy and which aim at an NPC or the player: the same frame
-        after frame until a policy or a target changes, so kept until then."""
-        kept = self._kept_layout
-        if (
+    def _layout(self, crowd: Crowd) -> _Layout:
+        """The rows that run in this frame, and which of them run each policy and aim at an
+        NPC or the player: the same every `bronze_every` frames until a policy, a target or
+        a tier changes, so kept until then, one per turn.
+
+        Bronze rows take turns by row: row `r` runs when `r % bronze_every` is this frame's
+        turn, the other tiers every frame. Every row runs in the frame after rows were added
+        or removed: a row moved into another's place takes that row's turn from then on, so
+        no row waits more than `bronze_every` frames between runs.
+        """
+        n = len(crowd)
+        every = self.settings.bronze_every
+        policies = crowd.policy[:n]
+        targets = crowd.target[:n]
+        tiers = crowd.tier[:n] if every > 1 else None
+        kept = self._kept_columns
+        if not (
             kept is not None
-            and np.array_equal(kept.policies, policies)
-            and np.array_equal(kept.targets, targets)
+            and np.array_equal(kept[0], policies)
+            and np.array_equal(kept[1], targets)
+            and (tiers is None or (kept[2] is not None and np.array_equal(kept[2], tiers)))
         ):
-            return kept
-        present = np.bincount(policies.astype(np.intp), minlength=len(Policy))
-        by_policy = np.argsort(policies, kind="stable")
-        ends = np.cumsum(present)
-        rows = [
-            (policy, by_policy[ends[policy] - present[policy] : ends[policy]])
-            for policy in present.nonzero()[0].tolist()
-        ]
-        on_npc = (targets >= 0).nonzero()[0]
-        layout = _Layout(
-            policies=policies.copy(),
-            targets=targets.copy(),
-            rows=rows,
-            on_npc=on_npc,
-            other=targets.take(on_npc),
-            on_player=(targets == PLAYER).nonzero()[0],
-            has_target=targets != NO_TARGET,
-        )
-        for array in (by_policy, layout.on_npc, layout.other, layout.on_player):
-            array.flags.writeable = False  # shared by the frames until the layout changes
-        self._kept_layout = layout
+            self._kept_columns = (
+                policies.copy(),
+                targets.copy(),
+                None if tiers is None else tiers.copy(),
+            )
+            self._layouts.clear()
+        same_rows = crowd.revision == self._revision
+        turn = self._frames % every if every > 1 and same_rows else None
+        self._revision = crowd.revision
+        layout = self._layouts.get(turn)
+        if layout is None:
+            layout = self._layouts[turn] = _lay_out(policies, targets, tiers, turn, every)
         return layout
 
-    def _integrate(self, crowd: Crowd, f: _Frame, dt: float) -> None:
+    def _integrate(self, crowd: Crowd, f: _Frame, due: Index | None, dt: float) -> None:
+        """The velocities and headings of the rows that run (`due`; None: every row), each
+        over the time it steers over; then every NPC moves along its velocity for the frame's
+        `dt`, and overlapping bodies are pushed apart."""
         n = len(crowd)
         s = self.settings
-        step = np.float32(dt)
-        vel = crowd.vel[:n]
-        vx = vel[:, 0].copy()
-        vy = vel[:, 1].copy()
-        cx, cy = _clip_length(f.vx - vx, f.vy - vy, crowd.max_accel[:n] * step)
+        elapsed = f.elapsed if due is None else _seconds_at(f.elapsed, due)
+        vx, vy = _take_xy(crowd.vel, n, due)
+        wx, wy = _at(f.vx, n, due), _at(f.vy, n, due)
+        cx, cy = _clip_length(wx - vx, wy - vy, _at(crowd.max_accel, n, due) * _f32(elapsed))
         vx += cx
         vy += cy
-        vx, vy = _clip_length(vx, vy, crowd.max_speed[:n])
-        vel[:, 0] = vx
-        vel[:, 1] = vy
+        vx, vy = _clip_length(vx, vy, _at(crowd.max_speed, n, due))
+        _put_xy(crowd.vel, n, due, vx, vy)
+        step = np.float32(dt)
         px, py = f.px, f.py  # the frame's own copies, from here on the new positions
-        px += vx * step
-        py += vy * step
+        px += _x(crowd.vel)[:n] * step  # every NPC: those that did not run move on as they were
+        py += _y(crowd.vel)[:n] * step
         pos = crowd.pos[:n]
         pos[:, 0] = px
         pos[:, 1] = py
         self._separate_bodies(crowd, s.overlap_passes, dt)
 
-        heading = crowd.heading[:n]
+        heading = _at(crowd.heading, n, due)
         goal = np.arctan2(vy, vx)
         still = (~(_length(vx, vy) > _MOVING)).nonzero()[0]
         if still.size:
             goal[still] = heading.take(still)
-        facing = (f.fx == f.fx).nonzero()[0]  # not NaN
+        fx, fy = _at(f.fx, n, due), _at(f.fy, n, due)
+        facing = (fx == fx).nonzero()[0]  # not NaN
         if facing.size:
-            goal[facing] = np.arctan2(f.fy.take(facing), f.fx.take(facing))
-        limit = np.float32(s.turn_rate * dt)
+            goal[facing] = np.arctan2(fy.take(facing), fx.take(facing))
+        limit = _f32(s.turn_rate * elapsed)
         goal -= heading
         turn = _wrap(goal)
         np.minimum(turn, limit, out=turn)
         np.maximum(turn, -limit, out=turn)
         turn += heading
-        heading[:] = _wrap(turn)
+        _put(crowd.heading, n, due, _wrap(turn))
 
     def _separate_bodies(self, crowd: Crowd, passes: int, dt: float) -> None:
         """Push overlapping bodies apart, each by half the overlap (position-based).
@@ -426,10 +575,10 @@ class Steering:
 
     # -- the policies -----------------------------------------------------------------------
 
-    def _idle(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
+    def _idle(self, crowd: Crowd, f: _Frame, i: Index) -> None:
         """Stand: the desired velocity stays zero."""
 
-    def _face_talk(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
+    def _face_talk(self, crowd: Crowd, f: _Frame, i: Index) -> None:
         dist = f.dist.take(i)
         f.face_target(i[dist > _EPS])
         # The partner walked off: go after them, then face them again.
@@ -447,7 +596,7 @@ class Steering:
         scale /= np.maximum(dist, _EPS)
         return ox * scale, oy * scale
 
-    def _seek(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
+    def _seek(self, crowd: Crowd, f: _Frame, i: Index) -> None:
         dist = f.dist.take(i)
         radius = crowd.radius.take(i)
         f.vx[i], f.vy[i] = self._arrive(crowd, f, i, f.ox.take(i), f.oy.take(i), dist, radius)
@@ -458,7 +607,7 @@ class Steering:
         if done.any():
             f.switches.append((i[done], follow_up[done], NO_POLICY))
 
-    def _flee(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
+    def _flee(self, crowd: Crowd, f: _Frame, i: Index) -> None:
         dist = f.dist.take(i)
         radius = crowd.radius.take(i)
         inv = -_ONE / np.maximum(dist, _EPS)
@@ -497,7 +646,7 @@ class Steering:
             ax[on_player], ay[on_player] = self._player_dir
         return vx, vy, ax, ay
 
-    def _follow(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
+    def _follow(self, crowd: Crowd, f: _Frame, i: Index) -> None:
         tvx, tvy, ax, ay = self._target_motion(crowd, i)
         tspeed = _length(tvx, tvy)
         moving = tspeed > _MOVING
@@ -518,7 +667,7 @@ class Steering:
         still = ~moving & (_length(gx, gy) < self.settings.arrive_tolerance_m * 2)
         f.face_target(i[still & (f.dist.take(i) > _EPS)])
 
-    def _patrol(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
+    def _patrol(self, crowd: Crowd, f: _Frame, i: Index) -> None:
         route = crowd.route.take(i)
         walks = (route >= 0).nonzero()[0]
         if walks.size == 0:
@@ -535,11 +684,12 @@ class Steering:
         reached = dist < self.settings.waypoint_tolerance_m
         crowd.waypoint[i] = np.where(reached, (slot + 1) % length, slot)
 
-    def _wander_velocity(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> tuple[F32, F32]:
-        """Smooth random steering around home."""
+    def _wander_velocity(self, crowd: Crowd, f: _Frame, i: Index) -> tuple[F32, F32]:
+        """Smooth random steering around home, over the time each row steers over."""
+        dt = f.elapsed_at(i)
         angle = crowd.wander_angle.take(i)
         jitter = self._standard_normal(len(i))
-        jitter *= np.float32(self.settings.wander_jitter * math.sqrt(dt))
+        jitter *= _f32(self.settings.wander_jitter * np.sqrt(dt))
         angle += jitter
         n = len(crowd)
         home = complex_positions(crowd.home[:n]).take(i)
@@ -548,7 +698,8 @@ class Steering:
         if far.size:
             way = home.take(far)
             back: F32 = np.arctan2(way.imag, way.real)
-            angle[far] += _wrap(back - angle[far]) * np.float32(min(1.0, 2.0 * dt))
+            homing = np.minimum(2.0 * _seconds_at(dt, far), 1.0)
+            angle[far] += _wrap(back - angle[far]) * _f32(homing)
         angle = _wrap(angle)
         crowd.wander_angle[i] = angle
         speed = f.cruise.take(i)
@@ -572,7 +723,7 @@ class Steering:
         out[half:] *= radius
         return out[:k]
 
-    def _wander_all(self, crowd: Crowd, f: _Frame, layout: _Layout, dt: float) -> None:
+    def _wander_all(self, crowd: Crowd, f: _Frame, layout: _Layout) -> None:
         """The wandering velocity of every row that wanders, into the desired velocity: the
         wanderers, and the horde members and stalkers with nothing in reach (they read it
         from there). One pass for all of them."""
@@ -586,12 +737,12 @@ class Steering:
             return
         rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
         if rows.size:
-            f.vx[rows], f.vy[rows] = self._wander_velocity(crowd, f, rows, dt)
+            f.vx[rows], f.vy[rows] = self._wander_velocity(crowd, f, rows)
 
-    def _wander(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
+    def _wander(self, crowd: Crowd, f: _Frame, i: Index) -> None:
         """The wandering velocity is in place already (`_wander_all`)."""
 
-    def _stalk(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
+    def _stalk(self, crowd: Crowd, f: _Frame, i: Index) -> None:
         s = self.settings
         dist = f.dist.take(i)
         radius = crowd.radius.take(i)
@@ -723,7 +874,7 @@ class Steering:
         _x(crowd.alignment)[rows] = ax
         _y(crowd.alignment)[rows] = ay
 
-    def _horde(self, crowd: Crowd, f: _Frame, i: Index, dt: float) -> None:
+    def _horde(self, crowd: Crowd, f: _Frame, i: Index) -> None:
         s = self.settings
         sep_x, sep_y, crowding = self._flock_fields(crowd)
         dist = f.dist.take(i)
