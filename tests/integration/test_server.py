@@ -631,6 +631,59 @@ async def test_a_line_prepared_while_the_player_speaks_starts_from_its_kv(
     assert warm_ups <= 2
 
 
+async def test_later_partials_extend_the_prepared_prompt_not_evaluate_it_again(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """A partial of too few words prepares nothing; the first one long enough prepares the
+    prompt with its lore; a later one that retrieves more adds a `## More Lore` message after
+    it, so the engine evaluates only those lines, not the lore again; the line then extends
+    that prompt."""
+    talk = engines[0]
+    session = "http.grow"
+
+    async def prepared(text: str) -> int:
+        """Prompt tokens the engine evaluated (not cached) preparing `text`."""
+        before = talk.metrics()
+        warm_ups, task = actor.warm_ups, actor._warm_task
+        gateway.cast.prepare(session, "marla", text)
+        await until(lambda: actor._warm_task not in (None, task) and actor._warm_task.done())
+        after = talk.metrics()
+        if actor.warm_ups == warm_ups:
+            return 0
+        prompt = after.prompt_tokens - before.prompt_tokens
+        return prompt - (after.cached_prompt_tokens - before.cached_prompt_tokens)
+
+    async with (
+        running(engines, settings, chat=_chat(settings)) as (address, gateway),
+        httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http,
+    ):
+        actor = gateway.cast.actor("marla")
+        reply = await http.post("/v1/npcs/marla/say", json={"text": "Hello.", "session_id": "grow"})
+        assert reply.status_code == 200, reply.text
+        await until(lambda: actor._warm_task is None or actor._warm_task.done())  # the settle
+        assert await prepared("Where is") == 0 and session not in actor._prepared
+        first = await prepared("Where is the old mill")
+        base = actor._prepared[session]
+        assert first > 0 and base.lore and not base.more
+        later = await prepared("Where is the old mill and who guards the cathedral crypt")
+        grown = actor._prepared[session]
+        assert grown.message == base.message and len(grown.more) == 1, grown
+        assert grown.more[0].content.startswith("## More Lore")
+        assert 0 < later < first, (first, later)
+        assert grown.more_chars <= 4 * settings.dialogue.more_lore_tokens
+        reply = await http.post(
+            "/v1/npcs/marla/say",
+            json={
+                "text": "Where is the old mill and who guards the cathedral crypt?",
+                "session_id": "grow",
+            },
+        )
+        assert reply.status_code == 200, reply.text
+    told = [m.content for m in actor.histories[session] if m.role == "system"]
+    assert base.message is not None and base.message.content in told
+    assert grown.more[0].content in told  # the turn extended the prepared prompt
+
+
 async def test_a_warm_up_never_delays_or_changes_a_turn_already_running(
     engines: tuple[Engine, Engine], settings: MythicSettings
 ) -> None:

@@ -187,15 +187,22 @@ class DialogueSettings(_Section):
     transcript: the session's memory, the lore retrieved for the words so far, and the KV of
     everything before their line (a one-token request on the dialogue tier). The reply's first
     token then waits only for the line itself. A warm-up counts as a dialogue request in
-    `/v1/usage`; a partial that changes the retrieved lore warms again. Right after each
+    `/v1/usage`. A later partial that retrieves more lore extends the prepared prompt with it
+    (the partials of one line add up to `more_lore_tokens`), evaluating only the new lines;
+    none is prepared before a partial has `prepare_min_words` words. Right after each
     reply, too, a session whose next line would overflow the context has its prompt window
     moved and evaluated then, while the player listens (a one-token request)."""
+
+    prepare_min_words: int = Field(default=3, ge=1, le=100)
+    """Words a partial transcript needs before the reply's prompt is prepared from it: the
+    lore retrieved for "Is the" is no guide to the line, and later partials only extend it."""
 
     more_lore_tokens: int = Field(default=64, ge=0, le=4096)
     """When the reply's prompt was prepared while the player spoke, the lore the whole line
     retrieves beyond what its partial transcript did is added up to about this many tokens
     (4 characters each), most relevant first: every one of them is evaluated after the player
-    stops speaking. A prompt is prepared with room for them and the line."""
+    stops speaking. A prompt is prepared with room for them and the line. The later partials
+    of a line extend the prepared prompt by up to this many tokens too, all together."""
 
 
 class ServerSettings(_Section):

@@ -131,15 +131,27 @@ class Decision:
 @dataclass(slots=True, frozen=True)
 class _Told:
     """A turn's context: the `## Lore` and `## Scene` sections, and the message carrying them
-    (None when both are empty)."""
+    (None when both are empty); then `more`, the `## More Lore` messages a prepared prompt was
+    extended with by later partial transcripts (`lore` has their lines too)."""
 
     lore: str | None
     scene: str | None
     message: ChatMessage | None
+    more: tuple[ChatMessage, ...] = ()
 
     @property
     def messages(self) -> list[ChatMessage]:
-        return [self.message] if self.message is not None else []
+        head = [self.message] if self.message is not None else []
+        return [*head, *self.more]
+
+    @property
+    def more_chars(self) -> int:
+        return sum(len(m.content) for m in self.more)
+
+    def extended(self, more: str) -> _Told:
+        """This context and a `## More Lore` message after it (the prompt's KV extends)."""
+        lore = f"{self.lore}\n{more}" if self.lore else more
+        return _Told(lore, self.scene, self.message, (*self.more, ChatMessage("system", more)))
 
 
 def _told_of(lore: str | None, scene: str | None) -> _Told:
@@ -583,9 +595,21 @@ class NPCActor:
         memory = self.cast.memory
         if memory is not None and prep.player_id is not None:
             await self._recall(memory, session, prep.player_id)
+        if len(prep.text.split()) < self.cast.settings.dialogue.prepare_min_words:
+            return  # "Is the": too few words to retrieve lore for
         told = await self._context(session, prep.text)
-        if self._prepared.get(session) == told:
+        prepared = self._prepared.get(session)
+        if prepared == told:
             return
+        if prepared is not None and prepared.scene == told.scene:
+            # Prepared for fewer of the player's words: extend that prompt with what these
+            # words retrieve beyond it (the partials of one line share `more_lore_tokens`),
+            # rather than evaluate another one whole while they speak on.
+            budget = _CHARS_PER_TOKEN * self._more_lore_tokens() - prepared.more_chars
+            more = lore_beyond(prepared.lore, told.lore, max_chars=budget) if budget > 0 else None
+            if more is None:
+                return  # nothing new (that fits): what is prepared holds
+            told = prepared.extended(more)
         history = self.histories.get(session, [])
         # Room for the reply, the line and its more lore: a prompt that fits now but not with
         # them would make the turn drop exchanges and evaluate everything again.
