@@ -1389,3 +1389,27 @@ def test_removing_an_npc_keeps_ids_and_targets_right() -> None:
     assert crowd.policy[row(controller, "n0")] == Policy.FOLLOW
     with pytest.raises(KeyError):
         controller.remove("alice")
+
+
+# -- the sim's region -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("horde", [80, 3000])
+def test_the_sims_horde_starts_without_a_neighbour_search_every_frame(horde: int) -> None:
+    # Packed tighter, a large horde starts as bodies inside each other and its first second of
+    # frames goes into pushing them apart, with a new neighbour search held up in nearly every
+    # frame (in all of the first 60 at 3,000 zombies, as it was): the sim would time its spawn.
+    from mythic.cli._sim import RegionSpec, build_region
+
+    controller = Controller(settings=ControlSettings(seed=0), capacity=horde + 1000)
+    path = build_region(controller, RegionSpec(npcs=horde + 1000, horde=horde, seed=0))
+    crowd = controller.crowd
+    last = range(len(crowd) - horde, len(crowd))  # the horde is placed last
+    assert {crowd.id_at(k).split("-")[0] for k in last} == {"zombie"}
+    start = crowd.positions[-horde:].copy()
+    run(controller, 1.0, Player(path.at(0.0)[0]))
+    assert controller.steering.neighbours.waits <= 10
+    pos = crowd.positions[-horde:]
+    assert np.linalg.norm(pos - start, axis=1).max() < 2.0  # no one flung across the field
+    spread = np.linalg.norm(pos - pos.mean(axis=0), axis=1)
+    assert np.median(spread) < math.sqrt(horde / math.pi) + 8.0  # still a horde

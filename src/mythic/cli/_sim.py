@@ -157,8 +157,12 @@ def build_region(controller: Any, spec: RegionSpec) -> PlayerPath:
             controller.add(f"{archetype}-{n}", archetype, (float(x), float(y)), route=route)
             n += 1
     horde_at = np.array([size * 0.85, size * 0.8])
+    # A normal spread with at most about one zombie a square metre at its middle (n / 2 pi
+    # sigma^2): a larger horde packed tighter starts as bodies inside each other, and the
+    # first second of frames is spent pushing them apart (a neighbour search every frame).
+    spread = max(6.0, math.sqrt(spec.horde / (2 * math.pi)))
     for _ in range(spec.horde):
-        x, y = horde_at + rng.normal(0, 6, 2)
+        x, y = horde_at + rng.normal(0, spread, 2)
         controller.add(f"zombie-{n}", "zombie", (float(x), float(y)))
         n += 1
     loop = [
