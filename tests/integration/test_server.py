@@ -33,6 +33,7 @@ from mythic.contracts import (
     parse_server_message,
 )
 from mythic.dialogue import INTERRUPTED_NOTE, ReplySink
+from mythic.dialogue._events import PrepareLine
 from mythic.engine import Engine
 from mythic.knowledge import Query, load_world
 from mythic.memory import Memory
@@ -682,6 +683,40 @@ async def test_later_partials_extend_the_prepared_prompt_not_evaluate_it_again(
     told = [m.content for m in actor.histories[session] if m.role == "system"]
     assert base.message is not None and base.message.content in told
     assert grown.more[0].content in told  # the turn extended the prepared prompt
+
+
+async def test_a_new_sessions_persona_is_evaluated_as_the_player_begins(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """A hint with no words yet (the player began speaking) to a session with no conversation
+    has the engine evaluate the prompt's head, persona and memory; the first line then finds
+    it cached. A session with a conversation has its KV: no hint of too few words warms it."""
+    talk = engines[0]
+    session = "http.head"
+    async with (
+        running(engines, settings, chat=_chat(settings)) as (address, gateway),
+        httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http,
+    ):
+        actor = gateway.cast.actor("marla")
+        before = talk.metrics()
+        gateway.cast.prepare(session, "marla", "")
+        await until(lambda: actor.warm_ups == 1)
+        await until(lambda: actor._warm_task is not None and actor._warm_task.done())
+        assert session in actor._headed and session not in actor._prepared
+        headed = talk.metrics()
+        head = headed.prompt_tokens - before.prompt_tokens
+        assert head > 100  # the persona card, at least
+        reply = await http.post("/v1/npcs/marla/say", json={"text": "Hello.", "session_id": "head"})
+        assert reply.status_code == 200, reply.text
+        said = talk.metrics()
+        # All of the head but the few tokens that open the 1-token reply it generated.
+        assert said.cached_prompt_tokens - headed.cached_prompt_tokens >= head - 8
+        await until(lambda: actor._warm_task is None or actor._warm_task.done())  # the settle
+        settled = talk.metrics()
+        for text in ("", "Where is"):  # too few words, and a conversation held already
+            await actor._prepare(PrepareLine(session, text))
+        assert actor.warm_ups == 1
+        assert talk.metrics().prompt_tokens == settled.prompt_tokens  # nothing evaluated
 
 
 async def test_a_warm_up_never_delays_or_changes_a_turn_already_running(

@@ -216,6 +216,9 @@ class NPCActor:
         """Windows checked (and moved where the next line would overflow) after a reply."""
         self._prepared: dict[str, _Told] = {}
         """Per session, the context whose prompt the engine last prepared (`PrepareLine`)."""
+        self._headed: set[str] = set()
+        """Sessions whose prompt head (persona and memory) was evaluated before their first
+        line (`_prepare_head`)."""
         self.warm_ups = 0
         """Prompts prepared ahead of a line (`PrepareLine`) that reached the engine."""
         self._session_of_state: str | None = None
@@ -354,6 +357,7 @@ class NPCActor:
                 if forget:
                     self.histories.pop(session_id, None)
                     self._prepared.pop(session_id, None)
+                    self._headed.discard(session_id)
                     self._window_start.pop(session_id, None)
                     self._intents.pop(session_id, None)
                     self._memory_told.pop(session_id, None)
@@ -596,7 +600,12 @@ class NPCActor:
         if memory is not None and prep.player_id is not None:
             await self._recall(memory, session, prep.player_id)
         if len(prep.text.split()) < self.cast.settings.dialogue.prepare_min_words:
-            return  # "Is the": too few words to retrieve lore for
+            # "Is the", or the player has only begun: too few words to retrieve lore for. A
+            # session's first line still has its persona and memory ahead of it (hundreds of
+            # tokens that no line of this session has evaluated yet): evaluate those now.
+            if not self.histories.get(session) and session not in self._headed:
+                await self._prepare_head(session)
+            return
         told = await self._context(session, prep.text)
         prepared = self._prepared.get(session)
         if prepared == told:
@@ -632,6 +641,21 @@ class NPCActor:
         async with stream:  # the KV is what was wanted; the token generated is dropped
             await stream.collect()
         self._prepared[session] = told
+        self.warm_ups += 1
+        self.cast.stats.warm_ups += 1
+
+    async def _prepare_head(self, session: str) -> None:
+        """Evaluate the head of a new session's prompt (persona and memory, no conversation
+        yet): a line's prompt starts with it, so its turn or its warm-up finds it cached."""
+        room = self.cast.settings.chat.max_tokens + _LINE_TOKENS + self._more_lore_tokens()
+        if self.cast.knowledge is not None and self.cast.retrieval:
+            room += self.cast.settings.knowledge.lore_tokens
+        stream = await self._open_fitted(
+            session, [], (), Sampling(max_tokens=1, temperature=0.0), "dialogue", room=room
+        )
+        async with stream:  # the KV is what was wanted; the token generated is dropped
+            await stream.collect()
+        self._headed.add(session)
         self.warm_ups += 1
         self.cast.stats.warm_ups += 1
 

@@ -190,16 +190,16 @@ class Cast:
     def prepare(
         self, session_id: str, npc_id: str, text: str, *, player_id: str | None = None
     ) -> None:
-        """The player is still speaking to `npc_id`; `text` is what they said so far (a
-        partial transcript). The NPC prepares its answer's prompt meanwhile
-        (`dialogue.prefill_while_speaking`); a hint, dropped when the NPC is busy.
+        """The player is speaking to `npc_id`; `text` is what they said so far (a partial
+        transcript; empty as they begin). The NPC prepares its answer's prompt meanwhile
+        (`dialogue.prefill_while_speaking`): with too few words for lore
+        (`dialogue.prepare_min_words`), only a new session's persona and memory; a hint,
+        dropped when the NPC is busy.
 
         Raises:
             UnknownNPCError: the world has no such NPC.
         """
         actor = self.actor(npc_id)
-        if not text.strip():
-            return
         with contextlib.suppress(MailboxFullError, MailboxClosedError):
             actor.deliver(PrepareLine(session_id, text, player_id))
 

@@ -360,6 +360,11 @@ class _Channel:
         if speech is not None and speech.audible:
             speech.duck()
             self.ducked, self.cut = speech, False
+        else:
+            # The player begins a line: a new session's NPC evaluates its persona and memory
+            # while the first words are heard (the partials then add the lore).
+            with contextlib.suppress(MythicError):
+                self.hub.cast.prepare(self.session_id, self.npc_id, "", player_id=self.player_id)
 
     def _partial(self, turn_id: str, text: str) -> None:
         if not text or not turn_id:
