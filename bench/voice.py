@@ -14,8 +14,9 @@ The endpoint waits for `trailing_silence_ms` (300 ms) of silence: that wait is i
 
 Work done ahead of the line's end ("ahead" on, the default): the reply's prompt prepared from
 the partial transcripts while the player speaks (`dialogue.prefill_while_speaking`) and the
-final transcript started at a pause of `speech.early_final_ms` (128 ms). `--baseline` first
-runs a round with both off; the ratio column is then against it.
+final transcript started at a pause of `speech.early_final_ms` (128 ms), and Whisper's encoder
+given a 10 s window, not 30 s of padding (`speech.asr_window_s`). `--baseline` first runs a
+round with all three off; the ratio column is then against it.
 
 Writes bench/results/voice.json.
 
@@ -150,7 +151,7 @@ def main() -> None:
         "--baseline",
         action="store_true",
         help="first a round with the work ahead of the line's end off (no prompt prepared "
-        "while the player speaks, no early final): the ratio's baseline",
+        "while the player speaks, no early final, a 30 s Whisper window): the ratio's baseline",
     )
     parser.add_argument(
         "--server-log",
@@ -174,6 +175,9 @@ def main() -> None:
         # A fresh server per round, so /metrics holds that round's traces only.
         os.environ["MYTHIC_DIALOGUE__PREFILL_WHILE_SPEAKING"] = "true" if ahead else "false"
         os.environ["MYTHIC_SPEECH__EARLY_FINAL_MS"] = "128" if ahead else "0"
+        # The baseline's Whisper encodes faster-whisper's full 30 s window, as before
+        # `speech.asr_window_s`.
+        os.environ["MYTHIC_SPEECH__ASR_WINDOW_S"] = "10" if ahead else "30"
         with spawned_server(
             WORLD, threads=args.threads, voice=True, nice=0, log_to=args.server_log
         ) as url:
