@@ -9,7 +9,9 @@ default of `mythic sim`). The server runs in its own process with `--threads` co
 beside a game; it and the intent process run at nice 10, below the game. Each set of rows runs
 twice: `shared` (every process may run on every core, as before) and `pinned` (the frame loop
 on cores of its own, the server and the intent process on the `--threads` others, as `mythic
-sim` does by default), each with its own `off` baseline.
+sim` does by default), each with its own `off` baseline. `--cores realtime` is `pinned` with
+the frame loop's thread under the real-time FIFO policy (`realtime_thread`; where the OS
+allows it), so that no ordinary process on its core makes a due frame wait.
 
 Each row runs `--rounds` times, the rounds interleaved; the table shows medians over rounds.
 Columns: frame p50/p99/max (ms); over: frames over the 3.3 ms budget; preempt: those of them
@@ -24,11 +26,11 @@ prefetched) in advance.
 two are compared in the same run: `x over` is a row's over-budget count against the same row
 at the first value given.
 
-Writes bench/results/frame.json.
+Writes bench/results/frame.json (or `--out`).
 
     .venv/bin/python bench/frame.py [--seconds 20] [--sizes 1000,10000] [--threads 1]
-                                    [--clients thread,process] [--cores shared,pinned]
-                                    [--rounds 3] [--bronze-every 2]
+                                    [--clients thread,process] [--cores shared,pinned,realtime]
+                                    [--rounds 3] [--bronze-every 2] [--out PATH]
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def run_row(
     client: SourceKind | None,
     split: CoreSplit | None,
     bronze_every: int,
+    realtime: bool = False,
 ) -> dict[str, Any]:
     settings = dataclasses.replace(cpu_model_settings(0), bronze_every=bronze_every)
     controller = Controller(settings=settings, capacity=npcs)
@@ -76,7 +79,7 @@ def run_row(
     source = None
     with contextlib.ExitStack() as stack:
         if split is not None:
-            stack.enter_context(pinned(split.game))
+            stack.enter_context(pinned(split.game, realtime=realtime))
         if url is not None and client is not None:
             cpus = split.model if split is not None else None
             source = stack.enter_context(
@@ -87,7 +90,7 @@ def run_row(
     interactions = s.prediction_hits + s.prediction_misses
     return {
         "npcs": npcs,
-        "cores": "pinned" if split is not None else "shared",
+        "cores": "shared" if split is None else "realtime" if realtime else "pinned",
         "bronze_every": bronze_every,
         "traffic": client or "off",
         "frames": len(run.frame_s),
@@ -171,12 +174,19 @@ def main() -> None:
         "--cores",
         default="shared,pinned",
         help="shared: all processes on all cores; pinned: "
-        "the frame loop on cores of its own, the server and intent process on --threads others",
+        "the frame loop on cores of its own, the server and intent process on --threads others; "
+        "realtime: pinned, the frame loop under the real-time FIFO policy",
     )
     parser.add_argument(
         "--bronze-every",
         default="2",
         help="frames between runs of a bronze NPC's micro-policy; several (1,2) to compare",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "bench" / "results" / "frame.json",
+        help="where to write the results",
     )
     args = parser.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
@@ -185,17 +195,17 @@ def main() -> None:
         if name not in ("thread", "process"):
             parser.error(f"--clients: {name!r} is neither thread nor process")
         clients.append("thread" if name == "thread" else "process")
-    placements: list[CoreSplit | None] = []
+    placements: list[tuple[CoreSplit | None, bool]] = []
     for name in args.cores.split(","):
         if name == "shared":
-            placements.append(None)
-        elif name == "pinned":
+            placements.append((None, False))
+        elif name in ("pinned", "realtime"):
             split = split_cores(args.threads)
             if split is None:
                 parser.error("--cores pinned: this machine cannot pin (one core, or not Linux)")
-            placements.append(split)
+            placements.append((split, name == "realtime"))
         else:
-            parser.error(f"--cores: {name!r} is neither shared nor pinned")
+            parser.error(f"--cores: {name!r} is not shared, pinned or realtime")
     try:
         everies = [int(v) for v in args.bronze_every.split(",")]
     except ValueError:
@@ -204,14 +214,14 @@ def main() -> None:
         parser.error("--bronze-every: every value must be >= 1")
 
     runs: list[dict[str, Any]] = []
-    for split in placements:
+    for split, realtime in placements:
         cpus = split.model if split is not None else None
         with spawned_server(WORLD, threads=args.threads, cpus=cpus) as url:
             for n in range(args.rounds):  # rounds interleaved, so slow spells hit every row
                 for npcs in sizes:
                     for every in everies:
                         for client in clients:
-                            row = run_row(npcs, args.seconds, url, client, split, every)
+                            row = run_row(npcs, args.seconds, url, client, split, every, realtime)
                             runs.append(row | {"round": n})
     rows = summarise(runs)
     print(
@@ -234,7 +244,7 @@ def main() -> None:
             f"{fmt(r['applied_per_s'], '.1f'):>10}{fmt(r['hit_rate'], '.2f'):>6}"
         )
     write_results(
-        ROOT / "bench" / "results" / "frame.json",
+        args.out.resolve(),
         ROOT,
         benchmark="frame",
         seconds=args.seconds,
@@ -246,10 +256,10 @@ def main() -> None:
         bronze_every=everies,
         runs=runs,
         cores={
-            "shared" if s is None else "pinned": None
+            "shared" if s is None else "realtime" if rt else "pinned": None
             if s is None
             else {"game": sorted(s.game), "model": sorted(s.model)}
-            for s in placements
+            for s, rt in placements
         },
         results=rows,
     )

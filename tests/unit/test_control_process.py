@@ -23,6 +23,8 @@ from mythic.control import (
     ProcessIntentSource,
     QueuedTooLongError,
     Tier,
+    ordinary_thread,
+    realtime_thread,
     split_cores,
 )
 from tests.unit import intent_fetchers
@@ -259,6 +261,43 @@ def test_split_cores_keeps_at_least_one_core_for_the_game() -> None:
     assert split_cores(1, [3]) is None  # one core: nothing to split
     with pytest.raises(ValueError, match="at least 1"):
         split_cores(0, [0, 1])
+
+
+def _policy() -> int:
+    return os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setscheduler"), reason="no POSIX scheduling here")
+def test_a_realtime_frame_loop_thread_starts_ordinary_threads_and_goes_back() -> None:
+    """Run in a thread of its own: the test's thread keeps its policy whatever happens."""
+    seen: dict[str, object] = {}
+
+    def frame_loop() -> None:
+        seen["before"] = _policy()
+        seen["granted"] = granted = realtime_thread(2)
+        seen["during"] = _policy()
+        seen["priority"] = os.sched_getparam(0).sched_priority
+        child = threading.Thread(target=lambda: seen.setdefault("child", _policy()))
+        child.start()
+        child.join(5)
+        seen["back"] = ordinary_thread() if granted else None
+        seen["after"] = _policy()
+
+    loop = threading.Thread(target=frame_loop)
+    loop.start()
+    loop.join(5)
+    assert seen["before"] == os.SCHED_OTHER
+    if seen["granted"]:  # root, or an rtprio limit
+        assert seen["during"] == os.SCHED_FIFO and seen["priority"] == 2
+        assert seen["child"] == os.SCHED_OTHER  # reset on fork: a started thread is ordinary
+        assert seen["back"] is True
+    else:  # refused: nothing changed
+        assert seen["during"] == os.SCHED_OTHER and seen["child"] == os.SCHED_OTHER
+    assert seen["after"] == os.SCHED_OTHER
+    assert _policy() == os.SCHED_OTHER  # this thread never changed
+    for priority in (0, 100):
+        with pytest.raises(ValueError, match="between 1 and 99"):
+            realtime_thread(priority)
 
 
 def test_bad_cores_are_refused() -> None:

@@ -1266,6 +1266,15 @@ def sim(
             "(ControlSettings.bronze_every; 1: every frame)."
         ),
     ] = 2,
+    realtime: Annotated[
+        bool,
+        typer.Option(
+            "--realtime/--no-realtime",
+            help="With --pin, run the frame loop under the real-time FIFO policy where the OS "
+            "allows it (Linux, root or an rtprio limit), so no ordinary process on its core "
+            "makes a due frame wait.",
+        ),
+    ] = False,
 ) -> None:
     """A headless region: a player walks through a town, its monsters and a zombie horde, every
     NPC steered at frame rate by the game-side controller while the NPCs near the player get
@@ -1285,6 +1294,7 @@ def sim(
             seed,
             pin,
             bronze_every,
+            realtime,
         )
     )
 
@@ -1303,6 +1313,7 @@ def _sim(
     seed: int,
     pin: bool,
     bronze_every: int,
+    realtime: bool,
 ) -> None:
     import contextlib
     import dataclasses
@@ -1318,6 +1329,7 @@ def _sim(
         percentile,
         pinned,
         run_paced,
+        runs_realtime,
         spawned_server,
         speakers,
     )
@@ -1343,9 +1355,10 @@ def _sim(
                 server = stack.enter_context(
                     spawned_server(world, threads=threads, cpus=model_cpus)
                 )
-            if split is not None and stack.enter_context(pinned(split.game)):
+            if split is not None and stack.enter_context(pinned(split.game, realtime=realtime)):
+                fifo = ", real-time" if realtime and runs_realtime() else ""
                 err.print(
-                    f"frame loop on core(s) {sorted(split.game)}, model's processes on "
+                    f"frame loop on core(s) {sorted(split.game)}{fifo}, model's processes on "
                     f"{sorted(split.model)}"
                 )
             kind: SourceKind = "process" if intents == "process" else "thread"

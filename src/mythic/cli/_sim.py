@@ -296,21 +296,34 @@ def intent_source(
 
 
 @contextlib.contextmanager
-def pinned(cpus: Collection[int] | None) -> Iterator[bool]:
+def pinned(cpus: Collection[int] | None, *, realtime: bool = False) -> Iterator[bool]:
     """Run the calling thread (the frame loop, and threads it starts) on `cpus` inside the
-    block, then on the cores it had; yields whether it was pinned (None: left alone)."""
-    from mythic.control import pin_thread
+    block, then on the cores it had; yields whether it was pinned (None: left alone). With
+    `realtime`, the thread also runs under the real-time FIFO policy inside the block where
+    the OS allows it (`realtime_thread`; threads and processes it starts run ordinary)."""
+    from mythic.control import ordinary_thread, pin_thread, realtime_thread
 
     if cpus is None or not hasattr(os, "sched_getaffinity"):
         yield False
         return
     before = os.sched_getaffinity(0)
     done = pin_thread(cpus)
+    fifo = done and realtime and realtime_thread()
     try:
         yield done
     finally:
+        if fifo:
+            ordinary_thread()
         if done:
             pin_thread(before)
+
+
+def runs_realtime() -> bool:
+    """Whether the calling thread runs under the real-time FIFO policy."""
+    if not hasattr(os, "sched_getscheduler"):
+        return False
+    policy = os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
+    return bool(policy == os.SCHED_FIFO)
 
 
 def free_port() -> int:

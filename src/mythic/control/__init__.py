@@ -44,7 +44,14 @@ from mythic.control._archetypes import (
     behaviour_for,
 )
 from mythic.control._controller import INTENTS, Controller, ControllerStats
-from mythic.control._cores import CoreSplit, Placement, pin_thread, split_cores
+from mythic.control._cores import (
+    CoreSplit,
+    Placement,
+    ordinary_thread,
+    pin_thread,
+    realtime_thread,
+    split_cores,
+)
 from mythic.control._crowd import NO_TARGET, PLACE, PLAYER, Crowd, StalkPhase, Tier
 from mythic.control._intents import (
     AsyncIntentSource,
@@ -98,6 +105,8 @@ __all__ = [
     "TierBand",
     "assign_tiers",
     "behaviour_for",
+    "ordinary_thread",
     "pin_thread",
+    "realtime_thread",
     "split_cores",
 ]

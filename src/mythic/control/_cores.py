@@ -3,7 +3,10 @@
 A frame that shares its core with a model's matrix multiplications, or with a client parsing
 JSON, waits for the scheduler, however low their priority: `nice` alone leaves frames over
 budget. Pinning the frame loop to cores of its own and the model's processes (the server, the
-intent client) to the others takes the model off the frame path's cores entirely.
+intent client) to the others takes the model off the frame path's cores entirely. The rest
+of the machine (its databases, the kernel's workers) still lands on the game's cores now and
+then: a frame loop under a real-time policy (`realtime_thread`) runs as soon as its frame is
+due, ahead of every ordinary process there.
 """
 
 from __future__ import annotations
@@ -13,7 +16,14 @@ import os
 from collections.abc import Collection
 from dataclasses import dataclass
 
-__all__ = ["CoreSplit", "Placement", "pin_thread", "split_cores"]
+__all__ = [
+    "CoreSplit",
+    "Placement",
+    "ordinary_thread",
+    "pin_thread",
+    "realtime_thread",
+    "split_cores",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +84,42 @@ def pin_thread(cpus: Collection[int]) -> bool:
         return False
     try:
         os.sched_setaffinity(0, cpus)
+    except OSError:
+        return False
+    return True
+
+
+def realtime_thread(priority: int = 1) -> bool:
+    """Run the calling thread (the frame loop) under the real-time FIFO policy at `priority`:
+    once its frame is due it runs ahead of every ordinary thread on its cores, rather than
+    waiting for the scheduler to take one off. It must sleep between frames (a paced loop
+    does), or it starves its cores; Linux keeps 5% of each second for ordinary threads
+    anyway. Threads and processes it starts later run ordinary (reset on fork).
+
+    False where the OS cannot (not Linux) or refuses (no CAP_SYS_NICE and no rtprio limit).
+
+    Raises:
+        ValueError: `priority` is outside 1-99.
+    """
+    if not 1 <= priority <= 99:
+        raise ValueError("priority must be between 1 and 99")
+    if not hasattr(os, "sched_setscheduler"):
+        return False
+    policy = os.SCHED_FIFO | getattr(os, "SCHED_RESET_ON_FORK", 0)
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(priority))
+    except OSError:
+        return False
+    return True
+
+
+def ordinary_thread() -> bool:
+    """Put the calling thread back under the ordinary time-sharing policy; False where the OS
+    cannot or refuses."""
+    if not hasattr(os, "sched_setscheduler"):
+        return False
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     except OSError:
         return False
     return True
