@@ -174,26 +174,32 @@ async def test_the_final_transcript_has_the_words(asr: ASRPool, question: bytes)
 
 
 @pytest.mark.usefixtures("vad")
-async def test_a_short_encoder_window_hears_the_same_words(
+async def test_a_short_encoder_window_hears_nearly_the_same_words(
     asr: ASRPool, tts: TTSPool, question: bytes
 ) -> None:
-    full = await started(SETTINGS.model_copy(update={"asr_window_s": 30.0}))
+    shorter = await started(SETTINGS.model_copy(update={"asr_window_s": 10.0}))
+    full = asr  # the default: Whisper's whole 30 s window
     try:
         async with asyncio.timeout(120):
-            short, whole = await asr.transcribe(question), await full.transcribe(question)
-            assert short.window_s == SETTINGS.asr_window_s == 10.0 and whole.window_s == 30.0
-            assert "mill" in short.text.lower() and "mill" in whole.text.lower()
+            short, whole = await shorter.transcribe(question), await full.transcribe(question)
+            assert short.window_s == 10.0 and whole.window_s == SETTINGS.asr_window_s == 30.0
+            assert "mill" in whole.text.lower(), whole.text
+            # Less accurate: "... the old mill is?" comes out "... the old milis?" about one
+            # time in three (why the whole window is the default).
+            heard = set(words(short.text))
+            assert sum(w in heard for w in words(QUESTION)) >= len(words(QUESTION)) - 2, short
             # An utterance the short window cannot hold with a second to spare is decoded in
             # one twice as long.
             pcm, chunks = await tts.speak(". ".join(LONG_TEXT.split(". ")[:4]), "human")
             long = to_16k(pcm, chunks[0].sample_rate)
             assert 9.0 < len(long) / 32000 < 19.0
-            short, whole = await asr.transcribe(long), await full.transcribe(long)
+            short, whole = await shorter.transcribe(long), await full.transcribe(long)
         assert short.window_s == 20.0 and whole.window_s == 30.0
-        for word in ("river", "bridge", "grain", "wheel"):
-            assert word in short.text.lower() and word in whole.text.lower()
+        keys = ("river", "bridge", "grain", "wheel")  # "wheel" is now and then "will"
+        for heard in (short, whole):
+            assert sum(word in heard.text.lower() for word in keys) >= 3, heard
     finally:
-        await full.close()
+        await shorter.close()
 
 
 @pytest.mark.usefixtures("vad")

@@ -572,14 +572,15 @@ class SpeechSettings(_Section):
     asr_language: str = Field(default="en", pattern=r"^[a-z]{2,3}$")
     """Language of the players' speech (tiny.en knows English only)."""
 
-    asr_window_s: float = Field(default=10.0, ge=5.0, le=30.0)
+    asr_window_s: float = Field(default=30.0, ge=5.0, le=30.0)
     """Seconds of audio Whisper's encoder sees for an utterance at least a second shorter (a
     longer one: twice this, else 30). faster-whisper pads every utterance to Whisper's 30 s
-    window, and the encoder's cost grows with it: a 2 s question takes about 0.9 s at 30 and
-    0.25 s at 10 on 2 cores. A transcript that repeats itself (a short window can lose the
-    decoder's sense of the end) is decoded again in a window twice as long. 30 encodes
-    everything in the full window, a little more accurately (word error rate on the bench's
-    questions: about 3% at 30, 3-5% at 10); below 10 the decoder repeats itself often."""
+    window (the default), and the encoder's cost grows with it: a 2 s question takes about
+    0.9 s at 30 and 0.25 s at 10 on 2 cores. A shorter window is less accurate: the early
+    final of "Can you tell me where the old mill is?" came out as "... the old milis?" about
+    one time in two at 10 and never in 4 tries at 30, and the bench's word error rate went
+    from 0.9% to 1.9%; below 10 the decoder repeats itself often. A transcript that repeats
+    itself is decoded again in a window twice as long."""
 
     asr_beam_size: int = Field(default=1, ge=1, le=10)
     """Beam width of the final transcript; partials always decode greedily."""

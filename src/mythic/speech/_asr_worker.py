@@ -5,8 +5,9 @@ Imported by name inside worker processes only (`WorkerPool`), never by the serve
 Whisper's encoder is trained on 30 s windows, and faster-whisper pads every utterance to one:
 a 2 s question costs the encoder as much as 30 s of speech (about 0.9 s on 2 cores for tiny).
 The encoder's cost grows with its window, so an utterance that fits a shorter one with a
-second to spare (`speech.asr_window_s`, 10 s by default, else twice that, else 30;
-whisper.cpp's `audio_ctx`) is encoded in that window instead: about 3.5x faster at 10 s.
+second to spare (`speech.asr_window_s`, else twice that, else 30; whisper.cpp's
+`audio_ctx`) is encoded in that window instead: about 3.5x faster at 10 s, and a little less
+accurate (30 s, the whole window, is the default).
 Windows much shorter than 10 s make the decoder lose track of the end and repeat itself
 ("What is your name? What is your name? What"): a transcript that repeats itself
 (`repeats_itself`) is decoded again in a window twice as long (up to 30 s). The decoding
