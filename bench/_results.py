@@ -25,7 +25,7 @@ def write_results(path: Path, root: Path, *, results: Any, **fields: Any) -> Non
         "results": results,
     }
     path.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"wrote {path.relative_to(root)}")
+    print(f"wrote {path.relative_to(root) if path.is_relative_to(root) else path}")
 
 
 def pct(values: list[float], q: float) -> float | None:

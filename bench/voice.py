@@ -12,17 +12,23 @@ questions. Ratio: each hop's p50 against the first row (the baseline with --base
 The endpoint waits for `trailing_silence_ms` (300 ms) of silence: that wait is inside
 `asr_final`. Budget (technical design): first audio <= 800 ms, MVP p95 <= 900, p99 <= 1200.
 
-Work done ahead of the line's end ("ahead" on, the default): the reply's prompt prepared from
-the partial transcripts while the player speaks (`dialogue.prefill_while_speaking`) and the
-final transcript started at a pause of `speech.early_final_ms` (128 ms), and Whisper's encoder
-given a 10 s window, not 30 s of padding (`speech.asr_window_s`: 10 here, faster but a little
-less accurate than the default's 30). `--baseline` first runs a
-round with all three off; the ratio column is then against it.
+Work done ahead of the line's end ("ahead" on, the default settings): the reply's prompt
+prepared from the partial transcripts while the player speaks
+(`dialogue.prefill_while_speaking`), the partials decoded in a 10 s Whisper window
+(`speech.partial_window_s`) so that they leave the cores to the model, and the final
+transcript started at a pause of `speech.early_final_ms` (128 ms). The final is decoded in
+Whisper's whole 30 s window (`speech.asr_window_s`; `--asr-window-s 10` is faster and a little
+less accurate). `--baseline` first runs a round with all of it off (partials in the 30 s
+window too); the ratio column is then against it.
 
-Writes bench/results/voice.json.
+The server runs with the environment it is given: `MYTHIC_ENGINE__BACKEND=transformers
+MYTHIC_ENGINE__DEVICE=cuda` runs the model on a GPU (recorded in the results).
+
+Writes bench/results/voice.json (or `--out`).
 
     .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1] [--model NAME] [--no-decide]
-                                    [--baseline] [--server-log PATH]
+                                    [--baseline] [--asr-window-s S] [--server-log PATH]
+                                    [--out PATH]
 """
 
 from __future__ import annotations
@@ -155,6 +161,15 @@ def main() -> None:
         "while the player speaks, no early final, a 30 s Whisper window): the ratio's baseline",
     )
     parser.add_argument(
+        "--asr-window-s",
+        type=float,
+        default=None,
+        help="speech.asr_window_s of the rounds with the work ahead on (default: the setting's)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "results" / "voice.json", help="results"
+    )
+    parser.add_argument(
         "--server-log",
         type=Path,
         default=None,
@@ -176,9 +191,16 @@ def main() -> None:
         # A fresh server per round, so /metrics holds that round's traces only.
         os.environ["MYTHIC_DIALOGUE__PREFILL_WHILE_SPEAKING"] = "true" if ahead else "false"
         os.environ["MYTHIC_SPEECH__EARLY_FINAL_MS"] = "128" if ahead else "0"
-        # The baseline's Whisper encodes faster-whisper's full 30 s window, as before
-        # `speech.asr_window_s`.
-        os.environ["MYTHIC_SPEECH__ASR_WINDOW_S"] = "10" if ahead else "30"
+        # The baseline's Whisper encodes faster-whisper's full 30 s window for every
+        # transcript, partials too, as before `speech.asr_window_s` and `partial_window_s`.
+        for name, value in (
+            ("ASR_WINDOW_S", args.asr_window_s if ahead else 30),
+            ("PARTIAL_WINDOW_S", None if ahead else 30),
+        ):
+            if value is None:
+                os.environ.pop(f"MYTHIC_SPEECH__{name}", None)
+            else:
+                os.environ[f"MYTHIC_SPEECH__{name}"] = str(value)
         with spawned_server(
             WORLD, threads=args.threads, voice=True, nice=0, log_to=args.server_log
         ) as url:
@@ -218,10 +240,13 @@ def main() -> None:
             )
         print(f"{'':>8} answered {r['answered']}/{r['utterances']}, ASR word error rate {r['wer']}")
     write_results(
-        ROOT / "bench" / "results" / "voice.json",
+        args.out.resolve(),
         ROOT,
         benchmark="voice",
         server_threads=args.threads,
+        engine_backend=os.environ.get("MYTHIC_ENGINE__BACKEND", "llama.cpp"),
+        engine_device=os.environ.get("MYTHIC_ENGINE__DEVICE", "cpu"),
+        asr_window_s=args.asr_window_s or 30.0,
         dialogue_model=args.model or "default (engine.dialogue_model)",
         decide=not args.no_decide,
         results=rounds,

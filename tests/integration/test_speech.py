@@ -163,7 +163,10 @@ async def test_the_final_transcript_has_the_words(asr: ASRPool, question: bytes)
     assert isinstance(ended, SpeechEnded)
     async with asyncio.timeout(60):
         transcript = await asr.transcribe(ended.pcm, 16000)
-    assert "mill" in transcript.text.lower()
+    # Piper speaks with random variation, and "the old mill is" is said fast: Whisper hears
+    # "the old millis" or "milis" now and then, "moles" once: two words of the eight.
+    heard = set(words(transcript.text))
+    assert sum(w in heard for w in words(QUESTION)) >= len(words(QUESTION)) - 2, transcript
     assert transcript.lang == "en" and not transcript.partial
     assert transcript.duration_s == pytest.approx(ended.duration_s, abs=0.01)
     # The worker is free again the moment a transcript comes back: a partial (which never
@@ -171,6 +174,15 @@ async def test_the_final_transcript_has_the_words(asr: ASRPool, question: bytes)
     async with asyncio.timeout(60):
         partial = await asr.transcribe(ended.pcm[: 16000 * 2], 16000, partial=True)
     assert partial.partial
+    # The line is heard in Whisper's whole window; its drafts in a third of it (a draft that
+    # repeats itself, as one cut mid-word now and then does, in a window twice as long), a
+    # little less accurately ("milis" about 4 times in 10).
+    async with asyncio.timeout(60):
+        draft = await asr.transcribe(ended.pcm, 16000, partial=True)
+    assert transcript.window_s == SETTINGS.asr_window_s == 30.0
+    assert draft.window_s == SETTINGS.partial_window_s == 10.0, draft
+    heard = set(words(draft.text))
+    assert sum(w in heard for w in words(QUESTION)) >= len(words(QUESTION)) - 2, draft
 
 
 @pytest.mark.usefixtures("vad")

@@ -582,6 +582,13 @@ class SpeechSettings(_Section):
     from 0.9% to 1.9%; below 10 the decoder repeats itself often. A transcript that repeats
     itself is decoded again in a window twice as long."""
 
+    partial_window_s: float = Field(default=10.0, ge=5.0, le=30.0)
+    """`asr_window_s` for the partial transcripts. They are drafts, decoded again and again
+    while the player speaks, and guide only the reply's preparation (the lore retrieved, the
+    prompt evaluated ahead); the final transcript is the line. In the whole 30 s window each
+    partial of a short question took about as long as the 400 ms between them, so the ASR
+    worker kept both cores busy for the whole line, beside the model preparing the reply."""
+
     asr_beam_size: int = Field(default=1, ge=1, le=10)
     """Beam width of the final transcript; partials always decode greedily."""
 

@@ -57,8 +57,9 @@ class Transcript:
         duration_s: seconds of audio transcribed.
         took_s: seconds the worker spent on it (queueing not included).
         partial: True for a partial transcript of an utterance still going on.
-        window_s: the seconds of audio Whisper's encoder saw (`speech.asr_window_s`, or 30
-            for a long utterance or a transcript decoded again); 0 when nothing was decoded.
+        window_s: the seconds of audio Whisper's encoder saw (`speech.asr_window_s`, or
+            `speech.partial_window_s` for a partial; more for a long utterance or a transcript
+            decoded again, up to 30); 0 when nothing was decoded.
     """
 
     text: str
@@ -120,6 +121,7 @@ class ASRPool(PooledWorkers):
             "threads": s.asr_threads,
             "language": s.asr_language,
             "window_s": s.asr_window_s,
+            "partial_window_s": s.partial_window_s,
         }
         pool = WorkerPool(
             "asr",
@@ -158,6 +160,7 @@ class ASRPool(PooledWorkers):
         payload = {
             "pcm": bytes(pcm),
             "beam_size": 1 if partial else self.settings.asr_beam_size,
+            "partial": partial,
         }
         try:
             result = await self._run(payload, partial=partial)

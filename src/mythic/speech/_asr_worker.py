@@ -7,7 +7,10 @@ a 2 s question costs the encoder as much as 30 s of speech (about 0.9 s on 2 cor
 The encoder's cost grows with its window, so an utterance that fits a shorter one with a
 second to spare (`speech.asr_window_s`, else twice that, else 30; whisper.cpp's
 `audio_ctx`) is encoded in that window instead: about 3.5x faster at 10 s, and a little less
-accurate (30 s, the whole window, is the default).
+accurate (30 s, the whole window, is the default for finals). Partials, drafts that only
+guide the reply's preparation while the player speaks, are decoded in their own window
+(`speech.partial_window_s`, 10 by default), so that transcribing the growing line over and
+over leaves the cores to the model.
 Windows much shorter than 10 s make the decoder lose track of the end and repeat itself
 ("What is your name? What is your name? What"): a transcript that repeats itself
 (`repeats_itself`) is decoded again in a window twice as long (up to 30 s). The decoding
@@ -47,6 +50,7 @@ def load(config: dict[str, Any]) -> Recognizer:
         threads=config["threads"],
         language=config["language"],
         window_s=config.get("window_s", _FULL_WINDOW_S),
+        partial_window_s=config.get("partial_window_s"),
     )
 
 
@@ -79,16 +83,27 @@ class Recognizer:
         window_s: the encoder window of an utterance shorter than it by a second or more,
             else twice it, else 30 (see the module's docstring); 30 encodes every utterance in
             Whisper's own window.
+        partial_window_s: the same for a partial transcript (a request with `"partial":
+            true`); None: `window_s`.
     """
 
     def __init__(
-        self, model_dir: str, *, threads: int, language: str, window_s: float = _FULL_WINDOW_S
+        self,
+        model_dir: str,
+        *,
+        threads: int,
+        language: str,
+        window_s: float = _FULL_WINDOW_S,
+        partial_window_s: float | None = None,
     ) -> None:
         started = time.perf_counter()
         whisper = require("faster_whisper", package="faster-whisper", extra="speech")
         self._np: Any = require("numpy", package="numpy", extra="speech")
         self.language = language
         self.window_s = min(float(window_s), _FULL_WINDOW_S)
+        self.partial_window_s = min(
+            float(partial_window_s if partial_window_s is not None else window_s), _FULL_WINDOW_S
+        )
         try:
             self._model = whisper.WhisperModel(
                 model_dir,
@@ -115,7 +130,10 @@ class Recognizer:
         # The first call in each window allocates its buffers: pay for it now, not on the
         # player's first line.
         quiet = self._np.zeros(8000, dtype=self._np.float32)
-        for window in {self.window_s, min(2 * self.window_s, _FULL_WINDOW_S), _FULL_WINDOW_S}:
+        windows = {_FULL_WINDOW_S}
+        for first in (self.window_s, self.partial_window_s):
+            windows |= {first, min(2 * first, _FULL_WINDOW_S)}
+        for window in sorted(windows):
             self._decode(quiet, window, beam_size=1, duration=0.5)
         self.info: dict[str, Any] = {
             "pid": os.getpid(),
@@ -128,7 +146,10 @@ class Recognizer:
         started = time.perf_counter()
         np = self._np
         audio = np.frombuffer(payload["pcm"], dtype="<i2").astype(np.float32) / 32768.0
-        text, lang, duration, window = self._transcribe(audio, beam_size=payload["beam_size"])
+        first = self.partial_window_s if payload.get("partial") else self.window_s
+        text, lang, duration, window = self._transcribe(
+            audio, beam_size=payload["beam_size"], window_s=first
+        )
         yield {
             "text": text,
             "lang": lang,
@@ -137,10 +158,13 @@ class Recognizer:
             "window_s": window,
         }
 
-    def _transcribe(self, audio: Any, *, beam_size: int) -> tuple[str, str, float, float]:
-        """(words, language, seconds of audio, the encoder window it was decoded in)."""
+    def _transcribe(
+        self, audio: Any, *, beam_size: int, window_s: float
+    ) -> tuple[str, str, float, float]:
+        """(words, language, seconds of audio, the encoder window it was decoded in), starting
+        from a `window_s` window."""
         duration = len(audio) / 16000
-        window = self.window_s
+        window = window_s
         while duration + _WINDOW_MARGIN_S > window and window < _FULL_WINDOW_S:
             window = min(2 * window, _FULL_WINDOW_S)
         text = self._decode(audio, window, beam_size=beam_size, duration=duration)
