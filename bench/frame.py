@@ -104,6 +104,7 @@ def run_row(
             "stale": s.dropped_stale,
             "timed_out": s.timed_out,
             "failed": s.failed,
+            "shed": s.shed,
             "queued_too_long": source.expired_in_queue if source is not None else 0,
         },
         "tiers": {"gold": s.gold, "silver": s.silver, "bronze": s.bronze},

@@ -26,6 +26,7 @@ from mythic.control import (
     Behaviour,
     Controller,
     ControlSettings,
+    IntentShedError,
     Player,
     Policy,
     StalkPhase,
@@ -718,6 +719,19 @@ def test_a_failed_request_is_asked_again_after_the_retry_delay() -> None:
     run(controller, 0.2, start=1.0, dt=0.1)
     assert len(source.sent) == 2
     assert controller.stats().failed == 1
+
+
+def test_a_shed_request_is_asked_again_and_counted_apart_from_failures() -> None:
+    controller, source = gold_npc(retry_after_s=1.0)
+    controller.frame(0.1, 0.0, ORIGIN)
+    ((request, _),) = source.sent
+    controller.fail(request, IntentShedError("the persona is answering another NPC"))
+    run(controller, 0.9, start=0.1, dt=0.1)
+    assert len(source.sent) == 1
+    run(controller, 0.2, start=1.0, dt=0.1)
+    assert len(source.sent) == 2
+    stats = controller.stats()
+    assert (stats.shed, stats.failed) == (1, 0)
 
 
 def test_a_source_that_raises_fails_the_request_not_the_frame(

@@ -1381,7 +1381,8 @@ def _sim(
     out.print(
         f"tiers gold {stats.gold} silver {stats.silver} bronze {stats.bronze}  intents sent "
         f"{stats.requests_sent} applied {stats.applied} ({run.applied_per_s:.1f}/s) stale "
-        f"{stats.dropped_stale} timed out {stats.timed_out} failed {stats.failed}"
+        f"{stats.dropped_stale} timed out {stats.timed_out} failed {stats.failed} shed "
+        f"{stats.shed} (persona busy)"
     )
     hit = "-" if stats.prediction_hits + stats.prediction_misses == 0 else f"{stats.hit_rate:.2f}"
     out.print(

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from mythic._errors import MythicError
 from mythic.cli._replay import ReplayRecorder
 from mythic.contracts import IntentRequest, IntentUpdate
+from mythic.control import IntentShedError
 
 FRAME_BUDGET_S = 1 / 300
 """The frame path's budget: 3.3 ms, 300 frames per second."""
@@ -68,7 +69,7 @@ def cpu_model_settings(seed: int = 0) -> Any:
     )
 
 
-class PersonaBusyError(MythicError):
+class PersonaBusyError(MythicError, IntentShedError):
     """The persona speaking for an NPC's archetype is answering another NPC's intent."""
 
 

@@ -59,6 +59,8 @@ class ControllerStats:
     """Requests unanswered past the timeout."""
     failed: int
     """Requests that failed."""
+    shed: int
+    """Requests the source declined at once, its capacity taken (asked again later)."""
     expired: int
     """Intents that outlived their time-to-live."""
     unknown_npc: int
@@ -263,6 +265,7 @@ class Controller:
             dropped_stale=c.dropped_stale,
             timed_out=c.timed_out,
             failed=c.failed,
+            shed=c.shed,
             expired=c.expired,
             unknown_npc=c.unknown_npc,
             unknown_target=self._unknown_target,

@@ -43,6 +43,12 @@ class QueuedTooLongError(TimeoutError):
     """A request waited in an intent source's queue past its `max_wait_s`; it was never sent."""
 
 
+class IntentShedError(Exception):
+    """A source declined a request at once, without asking the model, because what would
+    answer it is taken (the sim's persona answering another NPC, say): no fault, the NPC asks
+    again after `retry_after_s`. Counted as `shed`, apart from `failed`."""
+
+
 class IntentSink(Protocol):
     """Where answers go: thread-safe, callable from any thread."""
 
@@ -80,6 +86,8 @@ class IntentCounters:
     """Requests that stayed unanswered past the timeout."""
     failed: int = 0
     """Requests the source reported as failed (or whose submit raised)."""
+    shed: int = 0
+    """Requests the source declined at once (`IntentShedError`): asked again later."""
     expired: int = 0
     """Intents that outlived their time-to-live (the NPC went back to its default)."""
     unknown_npc: int = 0
@@ -226,7 +234,10 @@ class IntentCache:
         row = self.crowd.index_of(request.npc_id)
         self.crowd.in_flight[row] = False
         self.crowd.next_request_at[row] = now + self.settings.retry_after_s
-        self.counters.failed += 1
+        if isinstance(failure.error, IntentShedError):
+            self.counters.shed += 1
+        else:
+            self.counters.failed += 1
         log.debug("intent request %s failed: %r", request.request_id, failure.error)
 
     def time_out(self, now: float) -> Index:
