@@ -24,6 +24,7 @@ from mythic.contracts import (
     dump_audio_frame,
 )
 from mythic.dialogue import INTERRUPTED_NOTE
+from mythic.dialogue._phrases import sentences_end
 from mythic.engine import Engine
 from mythic.server import Gateway
 from tests.conftest import unavailable
@@ -52,14 +53,17 @@ def _speech_available() -> None:
 
 @contextlib.asynccontextmanager
 async def voice_server(
-    engines: tuple[Engine, Engine], settings: MythicSettings, max_tokens: int = 40
+    engines: tuple[Engine, Engine],
+    settings: MythicSettings,
+    max_tokens: int = 40,
+    spoken_max_sentences: int = 3,
 ) -> AsyncIterator[tuple[str, Gateway]]:
     _speech_available()
     async with running(
         engines,
         settings,
         chat={"max_tokens": max_tokens, "temperature": 0.0},
-        dialogue={"decide": False},
+        dialogue={"decide": False, "spoken_max_sentences": spoken_max_sentences},
         speech={"enabled": True, "sample_rate": RATE, "partial_interval_ms": 300},
     ) as (address, gateway):
         voice = gateway.voice
@@ -136,11 +140,38 @@ async def _first_audio(turn: VoiceTurn) -> None:
             await asyncio.sleep(0.02)
 
 
+async def test_a_spoken_reply_ends_with_its_last_allowed_sentence(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    async with (
+        voice_server(engines, settings, max_tokens=120, spoken_max_sentences=1) as (
+            address,
+            gateway,
+        ),
+        MythicClient(f"ws://{address}/v1/ws", voice=VoiceFormat(), timeout_s=60) as client,
+        asyncio.timeout(300),
+    ):
+        turn = await client.talk("marla", await said(gateway, "Tell me about the old mill."))
+        await turn.wait(180)
+        capped = gateway.cast.stats.capped
+        history = gateway.cast.actors["marla"].histories[client.session_id]
+    text = turn.text.strip()
+    # One sentence, said and spoken whole; the model had more to say and was stopped there.
+    assert text and sentences_end(text + " ", 2) is None, text
+    assert capped == 1, text
+    assert turn.chunks and turn.chunks[-1].final and turn.spoken.is_set()
+    assert [m.content for m in history if m.role == "assistant"] == [text]
+
+
 async def test_speaking_over_the_npc_cuts_it_off_and_the_next_turn_knows(
     engines: tuple[Engine, Engine], settings: MythicSettings
 ) -> None:
     async with (
-        voice_server(engines, settings, max_tokens=80) as (address, gateway),
+        # A long story: no cap on the spoken reply's sentences.
+        voice_server(engines, settings, max_tokens=80, spoken_max_sentences=0) as (
+            address,
+            gateway,
+        ),
         MythicClient(f"ws://{address}/v1/ws", voice=VoiceFormat(), timeout_s=60) as client,
         asyncio.timeout(400),
     ):

@@ -26,6 +26,7 @@ from mythic.dialogue import (
     npc_tools,
     validate_call,
 )
+from mythic.dialogue._phrases import sentences_end
 
 pytestmark = pytest.mark.unit
 
@@ -184,6 +185,17 @@ def test_a_long_clause_is_cut_at_a_comma_after_max_s() -> None:
     assert buffer.push("Listen, the marsh at night is no place for ", 0.0) == []
     assert buffer.push("you, not ", 0.5) == ["Listen, the marsh at night is no place for you,"]
     assert buffer.flush() == "not"
+
+
+def test_a_sentence_ends_once_the_text_goes_on_after_it() -> None:
+    text = "Aye. The road's bad, worse at night! Wolves... Pay"
+    assert sentences_end(text, 1) == len("Aye.")
+    assert sentences_end(text, 2) == len("Aye. The road's bad, worse at night!")
+    assert sentences_end(text, 3) == len("Aye. The road's bad, worse at night! Wolves...")
+    assert sentences_end(text, 4) is None  # "Pay" has not ended
+    assert sentences_end("Aye.", 1) is None  # nothing after the stop yet: maybe "Aye.."
+    assert sentences_end('He said "go." Then ', 1) == len('He said "go."')
+    assert sentences_end(text, 0) is None
 
 
 def test_text_without_punctuation_is_cut_at_max_chars_on_a_space() -> None:

@@ -176,6 +176,13 @@ class DialogueSettings(_Section):
     from the result. Measured on the 0.5B default model, `model` often read the game's result
     note back verbatim; use it with a bigger dialogue model."""
 
+    spoken_max_sentences: int = Field(default=3, ge=0, le=100)
+    """A reply to a line the player said aloud (voice) ends with its this-many-th sentence:
+    the model is stopped there (0: no limit; typed lines end at `chat.max_tokens`). Spoken,
+    a 200-token reply is a minute of speech that holds one of `max_concurrent_speakers` and
+    the engine; the prompt asks for one to three short sentences, which a small model does
+    not always keep to."""
+
     phrase_min_s: float = Field(default=0.2, ge=0, le=5)
     """Reply text buffered before a sentence is handed to speech synthesis."""
 

@@ -18,7 +18,7 @@ import logging
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
@@ -46,7 +46,7 @@ from mythic.dialogue._events import (
     TurnDone,
 )
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError
-from mythic.dialogue._phrases import PhraseBuffer
+from mythic.dialogue._phrases import PhraseBuffer, sentences_end
 from mythic.dialogue._states import DialogueState, DialogueStateMachine
 from mythic.dialogue._tools import (
     INTENTS,
@@ -462,16 +462,22 @@ class NPCActor:
                 return [*out.told, user]
 
             decide = cast.settings.dialogue.decide
-            async for text in self._generate(out, history, *out.told, user, retell=retell):
-                if decide and decision_task is None:
-                    # The decision (gold) starts once the reply has its first token, so it
-                    # cannot delay that token; it is needed only when the reply ends.
-                    decision_task = asyncio.create_task(self._decide(line))
-                if not speaking:
-                    await cast.speakers.acquire()
-                    speaking = True
-                    self.machine.to(DialogueState.SPEAKING)
-                out.say(text)
+            reply = self._generate(out, history, *out.told, user, retell=retell)
+            async with contextlib.aclosing(reply):
+                async for text in reply:
+                    if decide and decision_task is None:
+                        # The decision (gold) starts once the reply has its first token, so
+                        # it cannot delay that token; it is needed only when the reply ends.
+                        decision_task = asyncio.create_task(self._decide(line))
+                    if not speaking:
+                        await cast.speakers.acquire()
+                        speaking = True
+                        self.machine.to(DialogueState.SPEAKING)
+                    out.say(text)
+                    if out.capped:  # a spoken reply's last sentence: stop the model
+                        out.reason = "stop"
+                        cast.stats.capped += 1
+                        break
             if decide and decision_task is None:
                 decision_task = asyncio.create_task(self._decide(line))
             decision = await decision_task if decision_task else None
@@ -789,7 +795,7 @@ class NPCActor:
         history: list[ChatMessage],
         *tail: ChatMessage,
         retell: Callable[[], Awaitable[Sequence[ChatMessage]]] | None = None,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """Stream a reply to `tail`, dropping the oldest exchanges while the prompt overflows
         the context (`_open_fitted`); the engine's finish reason lands in `out.reason`.
 
@@ -1159,6 +1165,9 @@ class _TurnOutput:
         self._closed = False
         dialogue = actor.cast.settings.dialogue
         self._phrases = PhraseBuffer(min_s=dialogue.phrase_min_s, max_s=dialogue.phrase_max_s)
+        self._max_sentences = dialogue.spoken_max_sentences if line.spoken else 0
+        self.capped = False
+        """The reply has said its `spoken_max_sentences`: the turn stops generating."""
 
     def text(self) -> str:
         return "".join(self._pieces)
@@ -1182,6 +1191,14 @@ class _TurnOutput:
         self.seq += 1
 
     def say(self, text: str) -> None:
+        if self._max_sentences:
+            said = "".join(self._pieces)
+            end = sentences_end(said + text, self._max_sentences)
+            if end is not None:
+                self.capped = True
+                text = text[: max(end - len(said), 0)]
+                if not text:
+                    return
         self._segment_open = True
         self._pieces.append(text)
         self._delta(text)

@@ -96,6 +96,8 @@ class DialogueStats:
     phrases: int = 0
     warm_ups: int = 0
     """Reply prompts prepared while the player was still speaking (`PrepareLine`)."""
+    capped: int = 0
+    """Spoken replies stopped at `dialogue.spoken_max_sentences` sentences."""
     reply_prompt_tokens: int = 0
     """Prompt tokens of replies, ..."""
     reply_cached_tokens: int = 0
@@ -210,9 +212,11 @@ class Cast:
         *,
         tools: bool = True,
         player_id: str | None = None,
+        spoken: bool = False,
     ) -> None:
         """Route a client message to its NPC without waiting. `player_id`: whom the session
-        belongs to, so the NPC remembers them.
+        belongs to, so the NPC remembers them; `spoken`: a line the player said aloud (its
+        reply is spoken, and capped at `dialogue.spoken_max_sentences`).
 
         Raises:
             UnknownNPCError: the message names an NPC the world does not have.
@@ -223,7 +227,9 @@ class Cast:
         match message:
             case PlayerUtterance():
                 self.actor(message.npc_id).deliver(
-                    PlayerLine(session_id, message.turn_id, message.text, now, tools, player_id)
+                    PlayerLine(
+                        session_id, message.turn_id, message.text, now, tools, player_id, spoken
+                    )
                 )
             case Cutoff():
                 self.actor(message.npc_id).deliver(

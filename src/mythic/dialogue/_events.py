@@ -20,6 +20,9 @@ class PlayerLine:
     """Whether the NPC may call game tools this turn (not over plain HTTP, which cannot Ack)."""
     player_id: str | None = None
     """The player the session belongs to: the NPC remembers them across sessions."""
+    spoken: bool = False
+    """The player said it aloud (voice): the reply is spoken too, and ends after
+    `dialogue.spoken_max_sentences` sentences."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -9,6 +9,17 @@ _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*(?=\s)")
 _CLAUSE_END = re.compile(r"[,;:\u2014\u2013]+(?=\s)")
 
 
+def sentences_end(text: str, count: int) -> int | None:
+    """Where the `count`-th sentence of `text` ends, once the text goes on after it (a
+    sentence's end is known when what follows the full stop is); None before that."""
+    if count < 1:
+        return None
+    for n, match in enumerate(_SENTENCE_END.finditer(text), 1):
+        if n == count:
+            return match.end()
+    return None
+
+
 class PhraseBuffer:
     """Collects deltas and hands out phrases.
 

@@ -545,7 +545,7 @@ class VoiceHub:
             player_id=channel.player_id,
         )
         try:
-            self.cast.deliver(channel.session_id, line, player_id=channel.player_id)
+            self.cast.deliver(channel.session_id, line, player_id=channel.player_id, spoken=True)
         except MailboxFullError as exc:
             self.stats.errors["npc_busy"] += 1
             from mythic.contracts import Error
