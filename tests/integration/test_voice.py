@@ -155,10 +155,13 @@ async def test_a_spoken_reply_ends_with_its_last_allowed_sentence(
         await turn.wait(180)
         capped = gateway.cast.stats.capped
         history = gateway.cast.actors["marla"].histories[client.session_id]
+        async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+            metrics = (await http.get("/metrics")).text
     text = turn.text.strip()
     # One sentence, said and spoken whole; the model had more to say and was stopped there.
     assert text and sentences_end(text + " ", 2) is None, text
     assert capped == 1, text
+    assert "mythic_spoken_replies_capped_total 1.0" in metrics
     assert turn.chunks and turn.chunks[-1].final and turn.spoken.is_set()
     assert [m.content for m in history if m.role == "assistant"] == [text]
 

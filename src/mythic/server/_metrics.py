@@ -85,6 +85,11 @@ class _GatewayCollector(Collector):
             "reply prompts prepared while the player was still speaking",
             value=stats.warm_ups,
         )
+        yield CounterMetricFamily(
+            "mythic_spoken_replies_capped",
+            "spoken replies stopped at dialogue.spoken_max_sentences sentences",
+            value=stats.capped,
+        )
         prompt = CounterMetricFamily(
             "mythic_reply_prompt_tokens",
             "prompt tokens of replies: evaluated when the line came, or cached before it",
