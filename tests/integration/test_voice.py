@@ -72,6 +72,20 @@ async def voice_server(
         yield address, gateway
 
 
+@contextlib.asynccontextmanager
+async def voice_talk(
+    engines: tuple[Engine, Engine], settings: MythicSettings, timeout_s: float, **server: Any
+) -> AsyncIterator[tuple[str, Gateway, MythicClient]]:
+    """A voice server (`server`: `voice_server`'s options), a client sending PCM in JSON
+    frames, and a deadline for the whole exchange."""
+    async with (
+        voice_server(engines, settings, **server) as (address, gateway),
+        MythicClient(f"ws://{address}/v1/ws", voice=VoiceFormat(), timeout_s=60) as client,
+        asyncio.timeout(timeout_s),
+    ):
+        yield address, gateway, client
+
+
 async def said(gateway: Gateway, text: str, voice: str = "human") -> bytes:
     """`text` spoken at 16 kHz, with a little silence before it."""
     assert gateway.voice is not None
@@ -143,13 +157,10 @@ async def _first_audio(turn: VoiceTurn) -> None:
 async def test_a_spoken_reply_ends_with_its_last_allowed_sentence(
     engines: tuple[Engine, Engine], settings: MythicSettings
 ) -> None:
-    async with (
-        voice_server(engines, settings, max_tokens=120, spoken_max_sentences=1) as (
-            address,
-            gateway,
-        ),
-        MythicClient(f"ws://{address}/v1/ws", voice=VoiceFormat(), timeout_s=60) as client,
-        asyncio.timeout(300),
+    async with voice_talk(engines, settings, 300, max_tokens=120, spoken_max_sentences=1) as (
+        address,
+        gateway,
+        client,
     ):
         turn = await client.talk("marla", await said(gateway, "Tell me about the old mill."))
         await turn.wait(180)
@@ -169,14 +180,11 @@ async def test_a_spoken_reply_ends_with_its_last_allowed_sentence(
 async def test_speaking_over_the_npc_cuts_it_off_and_the_next_turn_knows(
     engines: tuple[Engine, Engine], settings: MythicSettings
 ) -> None:
-    async with (
-        # A long story: no cap on the spoken reply's sentences.
-        voice_server(engines, settings, max_tokens=80, spoken_max_sentences=0) as (
-            address,
-            gateway,
-        ),
-        MythicClient(f"ws://{address}/v1/ws", voice=VoiceFormat(), timeout_s=60) as client,
-        asyncio.timeout(400),
+    # A long story: no cap on the spoken reply's sentences.
+    async with voice_talk(engines, settings, 400, max_tokens=80, spoken_max_sentences=0) as (
+        _,
+        gateway,
+        client,
     ):
         first = await client.talk(
             "marla", await said(gateway, "Tell me a long story about the town.")
@@ -202,11 +210,7 @@ async def test_speaking_over_the_npc_cuts_it_off_and_the_next_turn_knows(
 async def test_a_backchannel_does_not_interrupt(
     engines: tuple[Engine, Engine], settings: MythicSettings
 ) -> None:
-    async with (
-        voice_server(engines, settings, max_tokens=80) as (address, gateway),
-        MythicClient(f"ws://{address}/v1/ws", voice=VoiceFormat(), timeout_s=60) as client,
-        asyncio.timeout(400),
-    ):
+    async with voice_talk(engines, settings, 400, max_tokens=80) as (_, gateway, client):
         first = await client.talk(
             "marla", await said(gateway, "Tell me about the Drowned Lantern.")
         )

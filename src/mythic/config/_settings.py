@@ -585,9 +585,9 @@ class SpeechSettings(_Section):
     window (the default), and the encoder's cost grows with it: a 2 s question takes about
     0.9 s at 30 and 0.25 s at 10 on 2 cores. A shorter window is less accurate: the early
     final of "Can you tell me where the old mill is?" came out as "... the old milis?" about
-    one time in two at 10 and never in 4 tries at 30, and the bench's word error rate went
-    from 0.9% to 1.9%; below 10 the decoder repeats itself often. A transcript that repeats
-    itself is decoded again in a window twice as long."""
+    one time in two at 10 and about one in ten at 30, and the bench's word error rate went
+    from 0.9% to 1.9% in one run; below 10 the decoder repeats itself often. A transcript
+    that repeats itself is decoded again in a window twice as long."""
 
     partial_window_s: float = Field(default=10.0, ge=5.0, le=30.0)
     """`asr_window_s` for the partial transcripts. They are drafts, decoded again and again
