@@ -734,6 +734,32 @@ def test_a_shed_request_is_asked_again_and_counted_apart_from_failures() -> None
     assert (stats.shed, stats.failed) == (1, 0)
 
 
+@pytest.mark.parametrize("every", [32, 1])  # tiers refreshed every 32nd frame; every frame
+def test_at_frame_rate_the_traffic_waits_out_a_tier_frame_never_two(every: int) -> None:
+    dt = 1 / 256  # binary fractions: frame `k` is at `k * dt` exactly
+    controller, source = gold_npc(tier_period_s=every * dt if every > 1 else dt / 2)
+    controller.frame(dt, 0.0, ORIGIN)  # the first tiers: the request goes out with them
+    ((first, _),) = source.sent
+    controller.deliver(answer(first, "trade", "player"))
+    for k in range(1, every):  # frames between tier refreshes take the answer at once
+        controller.frame(dt, k * dt, ORIGIN)
+    if every > 1:
+        assert controller.stats().applied == 1
+        controller.request_now("marla")
+    sent = len(source.sent)
+    controller.frame(dt, every * dt, ORIGIN)  # a tier frame: the answer or request waits ...
+    assert (controller.stats().applied, len(source.sent)) == (int(every > 1), sent)
+    controller.frame(dt, (every + 1) * dt, ORIGIN)  # ... a frame, tiers refreshed in it or not
+    assert (controller.stats().applied, len(source.sent)) == (1, sent + int(every > 1))
+    # At 10 frames a second a wait would hold an answer back 100 ms: nothing waits.
+    slow, slow_source = gold_npc(tier_period_s=0.05)
+    slow.frame(0.1, 0.0, ORIGIN)
+    ((request, _),) = slow_source.sent
+    slow.deliver(answer(request, "trade", "player"))
+    slow.frame(0.1, 0.1, ORIGIN)
+    assert slow.stats().applied == 1
+
+
 def test_a_source_that_raises_fails_the_request_not_the_frame(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

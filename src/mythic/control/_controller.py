@@ -3,8 +3,9 @@
 Per frame: apply the intents that arrived since the last frame (the frame boundary), expire
 old intents and time out silent requests, update tiers and the interaction prediction every
 `tier_period_s`, hand the due intent requests to the source (which returns at once), then run
-the micro-policies (a bronze NPC's every `bronze_every` frames) and move everyone. No await, no
-lock held across a wait, no I/O.
+the micro-policies (a bronze NPC's every `bronze_every` frames) and move everyone. A frame
+that updates the tiers leaves the answers and requests to the next one. No await, no lock
+held across a wait, no I/O.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ INTENTS: frozenset[str] = frozenset(get_args(IntentUpdate.model_fields["intent"]
 """Every intent the v1 protocol names."""
 
 _PREFETCH_CONTEXT = "the player is approaching"
+_MOST_TRAFFIC_WAIT_S = 0.02  # frames longer than this never hold the model's traffic back
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +115,7 @@ class Controller:
         self._prefetched: dict[str, float] = {}
         self._frames = 0
         self._next_tier_at = -math.inf
+        self._traffic_waited = False  # the last frame left the model's traffic for this one
         self._unknown_target = 0
         self._unmapped_intent = 0
         self._prefetches = 0
@@ -292,18 +295,31 @@ class Controller:
         if not math.isfinite(now):
             raise ValueError(f"now must be finite, got {now}")
         blend_s = self.settings.blend_s
-        poll = getattr(self.source, "poll", None)
-        if poll is not None:  # a source that hands answers over on the frame loop's thread
-            poll()
-        for row, update in self.intents.drain(now).items():
-            self._apply(row, update)
+        tiers_due = now >= self._next_tier_at
+        # At frame rate, the model's traffic (answers read and applied, requests sent) waits
+        # out a frame that refreshes the tiers, so that their costs never add up in one
+        # frame. It never waits two frames running, nor for long frames (a frame's wait
+        # holds an answer back that long), nor for the first tiers (the requests need them).
+        traffic = (
+            not tiers_due
+            or self._traffic_waited
+            or dt > _MOST_TRAFFIC_WAIT_S
+            or self._next_tier_at == -math.inf
+        )
+        self._traffic_waited = not traffic
+        if traffic:
+            poll = getattr(self.source, "poll", None)
+            if poll is not None:  # a source that hands answers over on the frame loop's thread
+                poll()
+            for row, update in self.intents.drain(now).items():
+                self._apply(row, update)
         self.crowd.apply_defaults(self.intents.expire(now), blend_s=blend_s)
         self.intents.time_out(now)
-        tiers_due = now >= self._next_tier_at
         if tiers_due:
             self._update_tiers(player, now)
             self._next_tier_at = now + self.settings.tier_period_s
-        self.intents.issue_due(now, self.source)
+        if traffic:
+            self.intents.issue_due(now, self.source)
         self.steering.step(self.crowd, player, dt, busy=tiers_due)
         self._frames += 1
 
