@@ -27,8 +27,10 @@ from mythic.dialogue import INTERRUPTED_NOTE
 from mythic.dialogue._phrases import sentences_end
 from mythic.engine import Engine
 from mythic.server import Gateway
+from mythic.speech import VoiceProfile
 from tests.conftest import unavailable
 from tests.integration.test_server import engines, running, until
+from tests.integration.test_speech import QUESTION, STEADY, sounds_like
 
 pytestmark = pytest.mark.integration
 __all__ = ["engines"]  # the fixture, used by name
@@ -86,8 +88,9 @@ async def voice_talk(
         yield address, gateway, client
 
 
-async def said(gateway: Gateway, text: str, voice: str = "human") -> bytes:
-    """`text` spoken at 16 kHz, with a little silence before it."""
+async def said(gateway: Gateway, text: str, voice: str | VoiceProfile = STEADY) -> bytes:
+    """`text` spoken at 16 kHz, with a little silence before it (by default by a steady
+    voice: the same audio every run)."""
     assert gateway.voice is not None
     pcm, _ = await gateway.voice.tts.speak(text, voice)
     return bytes(RATE // 5 * 2) + pcm
@@ -191,7 +194,7 @@ async def test_speaking_over_the_npc_cuts_it_off_and_the_next_turn_knows(
         )
         await _first_audio(first)
         # One utterance (a pause at a full stop or comma can split a line in two).
-        interruption = await said(gateway, "Can you tell me where the old mill is?")
+        interruption = await said(gateway, QUESTION)
         second = await client.talk("marla", interruption)
         await first.wait(120)
         await second.wait(180)
@@ -200,7 +203,7 @@ async def test_speaking_over_the_npc_cuts_it_off_and_the_next_turn_knows(
         history = gateway.cast.actors["marla"].histories[client.session_id]
     assert isinstance(first.cutoff, Cutoff) and first.cutoff.reason == "barge_in"
     assert stats.barge_ins >= 1
-    assert second.transcript is not None and "mill" in second.transcript.lower()
+    assert second.transcript is not None and sounds_like(second.transcript, QUESTION)
     assert second.text.strip() and second.chunks
     # The cut-off reply is in the history, marked, so the NPC's next turn knows.
     replies = [m.content for m in history if m.role == "assistant"]

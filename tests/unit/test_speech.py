@@ -305,6 +305,10 @@ def test_profile_values_are_bounded() -> None:
         VoiceProfile(voice_id="X Y")
     with pytest.raises(ValidationError):
         VoiceProfile(voice_id="x", espeak_voice="en; rm")
+    for variation in (-0.1, 2.5, float("nan")):
+        with pytest.raises(ValidationError):
+            VoiceProfile(voice_id="x", variation=variation)
+    assert VoiceProfile(voice_id="x", variation=0).variation == 0.0
 
 
 # -- settings ---------------------------------------------------------------------------------

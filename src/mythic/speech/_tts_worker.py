@@ -74,7 +74,7 @@ class Synthesizer:
                 fix="pip install 'mythic[speech]'; apt-get install espeak-ng sox",
             )
         if self._piper is not None:
-            self._piper_clause("Hello.", 1.0)  # the first inference allocates; pay now
+            self._piper_clause("Hello.", 1.0, 1.0)  # the first inference allocates; pay now
         self.info: dict[str, Any] = {
             "pid": os.getpid(),
             "piper": self._piper is not None,
@@ -134,14 +134,18 @@ class Synthesizer:
 
     def _speak(self, engine: str, text: str, profile: VoiceProfile) -> _Clause:
         if engine == "piper":
-            return self._piper_clause(text, profile.rate)
+            return self._piper_clause(text, profile.rate, profile.variation)
         return self._espeak_clause(text, profile)
 
-    def _piper_clause(self, text: str, rate: float) -> _Clause:
+    def _piper_clause(self, text: str, rate: float, variation: float) -> _Clause:
         from piper import SynthesisConfig
 
         voice = self._piper
-        config = SynthesisConfig(length_scale=voice.config.length_scale / rate)
+        config = SynthesisConfig(
+            length_scale=voice.config.length_scale / rate,
+            noise_scale=voice.config.noise_scale * variation,
+            noise_w_scale=voice.config.noise_w_scale * variation,
+        )
         sample_rate: int = voice.config.sample_rate
         pcm: list[bytes] = []
         phonemes: list[tuple[str, float]] = []

@@ -81,6 +81,12 @@ class VoiceProfile(BaseModel):
     pitch_semitones: float = Field(default=0.0, ge=-12.0, le=12.0)
     """Pitch shift in semitones (sox `pitch`), keeping the speed."""
 
+    variation: float = Field(default=1.0, ge=0.0, le=2.0)
+    """How much a Piper voice varies its delivery from one saying to the next (its noise
+    scales, times this): 1 is the voice's own; 0 says a line the same way every time (a
+    bark heard in a regression test, a line whose audio is cached). espeak-ng never
+    varies."""
+
     effects: tuple[tuple[str, ...], ...] = ()
     """The effect chain, each effect as sox arguments: `[[reverb, "50"], [overdrive, "10"]]`.
     Only the effects in `SOX_EFFECTS` with numeric arguments are accepted."""
