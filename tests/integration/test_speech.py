@@ -202,7 +202,7 @@ async def test_a_short_encoder_window_hears_nearly_the_same_words(
             assert sounds_like(short.text, QUESTION), short
             # An utterance the short window cannot hold with a second to spare is decoded in
             # one twice as long.
-            pcm, chunks = await tts.speak(". ".join(LONG_TEXT.split(". ")[:4]), "human")
+            pcm, chunks = await tts.speak(". ".join(LONG_TEXT.split(". ")[:4]), STEADY)
             long = to_16k(pcm, chunks[0].sample_rate)
             assert 9.0 < len(long) / 32000 < 19.0
             short, whole = await shorter.transcribe(long), await full.transcribe(long)
@@ -236,7 +236,7 @@ async def test_a_transcript_that_repeats_itself_is_decoded_again_in_the_full_win
     try:
         async with asyncio.timeout(180):
             for text, word in questions.items():
-                pcm, chunks = await tts.speak(text, "human")
+                pcm, chunks = await tts.speak(text, STEADY)
                 heard = await pool.transcribe(silence(0.2) + to_16k(pcm, chunks[0].sample_rate))
                 assert word in heard.text.lower(), heard
                 assert heard.text.lower().count(word) == 1, heard
@@ -282,7 +282,7 @@ async def heard(listener: Listener, audio: bytes) -> list[HeardEvent]:
 @pytest.mark.usefixtures("vad")
 async def test_partials_stream_while_the_player_speaks(asr: ASRPool, tts: TTSPool) -> None:
     line = "Tell me where the old mill stands, because I have walked all day along the river."
-    pcm, chunks = await tts.speak(line, "human")
+    pcm, chunks = await tts.speak(line, STEADY)
     speech = to_16k(pcm, chunks[0].sample_rate)
     settings = SETTINGS.model_copy(update={"trailing_silence_ms": 700})
     async with Listener(asr, settings) as listener:
