@@ -21,16 +21,17 @@ the same size and cores; the target is 0); x p99: against `off`; applied/s: inte
 per second; hit: the share of the player's interactions whose NPC was predicted (and
 prefetched) in advance.
 
-`--bronze-every 1,2` runs every row with far-off (bronze) NPCs' micro-policies every frame
-(1, as before) and every other frame (2, the default; `ControlSettings.bronze_every`), so the
-two are compared in the same run: `x over` is a row's over-budget count against the same row
-at the first value given.
+`--bronze 1/0,2/0,2/2500` runs every row with far-off (bronze) NPCs' micro-policies every
+`EVERY` frames, and no more than about `CAP` of them a frame (`ControlSettings.bronze_every`,
+`bronze_per_frame`; 0: no cap; the default `2/2500` runs 10,000 NPCs' every 4 frames), so they
+are compared in the same run: `x over` is a row's over-budget count against the same row at
+the first spec given; `cad` the cadence it ran at.
 
 Writes bench/results/frame.json (or `--out`).
 
     .venv/bin/python bench/frame.py [--seconds 20] [--sizes 1000,10000] [--threads 1]
                                     [--clients thread,process] [--cores shared,pinned,realtime]
-                                    [--rounds 3] [--bronze-every 2] [--out PATH]
+                                    [--rounds 3] [--bronze 2/2500] [--out PATH]
 """
 
 from __future__ import annotations
@@ -70,10 +71,11 @@ def run_row(
     url: str | None,
     client: SourceKind | None,
     split: CoreSplit | None,
-    bronze_every: int,
+    bronze: tuple[int, int],
     realtime: bool = False,
 ) -> dict[str, Any]:
-    settings = dataclasses.replace(cpu_model_settings(0), bronze_every=bronze_every)
+    every, cap = bronze
+    settings = dataclasses.replace(cpu_model_settings(0), bronze_every=every, bronze_per_frame=cap)
     controller = Controller(settings=settings, capacity=npcs)
     path = build_region(controller, RegionSpec(npcs=npcs, horde=npcs * 3 // 10, seed=0))
     source = None
@@ -91,7 +93,10 @@ def run_row(
     return {
         "npcs": npcs,
         "cores": "shared" if split is None else "realtime" if realtime else "pinned",
-        "bronze_every": bronze_every,
+        "bronze": f"{every}/{cap}",
+        "bronze_every": every,
+        "bronze_per_frame": cap,
+        "bronze_cadence": s.bronze_cadence,
         "traffic": client or "off",
         "frames": len(run.frame_s),
         "frame_ms": latency(run.frame_s, 1000),
@@ -114,21 +119,22 @@ def run_row(
 
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (size, cores, bronze_every, traffic): medians over the rounds;
+    """One row per (size, cores, bronze spec, traffic): medians over the rounds;
     `over_by_model` is the row's median over-budget count minus its `off` row's (same size,
-    cores and bronze_every); `x_over` its over-budget count against the same row at the first
-    bronze_every run."""
+    cores and bronze spec); `x_over` its over-budget count against the same row at the first
+    bronze spec run."""
     groups: dict[tuple[int, str, int, str], list[dict[str, Any]]] = {}
     for run in runs:
-        key = (run["npcs"], run["cores"], run["bronze_every"], run["traffic"])
+        key = (run["npcs"], run["cores"], run["bronze"], run["traffic"])
         groups.setdefault(key, []).append(run)
     rows = []
-    for (npcs, cores, every, traffic), group in groups.items():
+    for (npcs, cores, bronze, traffic), group in groups.items():
         rows.append(
             {
                 "npcs": npcs,
                 "cores": cores,
-                "bronze_every": every,
+                "bronze": bronze,
+                "bronze_cadence": statistics.median(g["bronze_cadence"] for g in group),
                 "traffic": traffic,
                 "rounds": len(group),
                 "frame_ms": {
@@ -142,15 +148,15 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "hit_rate": median_or_none([g["hit_rate"] for g in group]),
             }
         )
-    off = {(r["npcs"], r["cores"], r["bronze_every"]): r for r in rows if r["traffic"] == "off"}
-    first = runs[0]["bronze_every"] if runs else None
-    same = {(r["npcs"], r["cores"], r["traffic"]): r for r in rows if r["bronze_every"] == first}
+    off = {(r["npcs"], r["cores"], r["bronze"]): r for r in rows if r["traffic"] == "off"}
+    first = runs[0]["bronze"] if runs else None
+    same = {(r["npcs"], r["cores"], r["traffic"]): r for r in rows if r["bronze"] == first}
     for r in rows:
         before = same.get((r["npcs"], r["cores"], r["traffic"]))
         r["x_over"] = (
             ratio(max(r["over_budget"], 1), max(before["over_budget"], 1)) if before else None
         )
-        base = off.get((r["npcs"], r["cores"], r["bronze_every"]))
+        base = off.get((r["npcs"], r["cores"], r["bronze"]))
         on = r["traffic"] != "off"
         r["over_by_model"] = (
             max(0, r["over_budget"] - base["over_budget"]) if on and base is not None else 0
@@ -179,9 +185,10 @@ def main() -> None:
         "realtime: pinned, the frame loop under the real-time FIFO policy",
     )
     parser.add_argument(
-        "--bronze-every",
-        default="2",
-        help="frames between runs of a bronze NPC's micro-policy; several (1,2) to compare",
+        "--bronze",
+        default="2/2500",
+        help="EVERY/CAP: a bronze NPC's micro-policy every EVERY frames, at most about CAP "
+        "of them a frame (0: no cap); several (2/0,2/2500) to compare",
     )
     parser.add_argument(
         "--out",
@@ -207,12 +214,15 @@ def main() -> None:
             placements.append((split, name == "realtime"))
         else:
             parser.error(f"--cores: {name!r} is not shared, pinned or realtime")
-    try:
-        everies = [int(v) for v in args.bronze_every.split(",")]
-    except ValueError:
-        parser.error(f"--bronze-every: {args.bronze_every!r} is not a list of integers")
-    if any(v < 1 for v in everies):
-        parser.error("--bronze-every: every value must be >= 1")
+    bronzes: list[tuple[int, int]] = []
+    for spec in args.bronze.split(","):
+        every, _, cap = spec.partition("/")
+        try:
+            bronzes.append((int(every), int(cap or 0)))
+        except ValueError:
+            parser.error(f"--bronze: {spec!r} is not EVERY/CAP (integers)")
+        if bronzes[-1][0] < 1 or bronzes[-1][1] < 0:
+            parser.error(f"--bronze: {spec!r}: EVERY must be >= 1 and CAP >= 0")
 
     runs: list[dict[str, Any]] = []
     for split, realtime in placements:
@@ -220,16 +230,19 @@ def main() -> None:
         with spawned_server(WORLD, threads=args.threads, cpus=cpus) as url:
             for n in range(args.rounds):  # rounds interleaved, so slow spells hit every row
                 for npcs in sizes:
-                    for every in everies:
+                    for bronze in bronzes:
                         for client in clients:
-                            row = run_row(npcs, args.seconds, url, client, split, every, realtime)
+                            row = run_row(npcs, args.seconds, url, client, split, bronze, realtime)
                             runs.append(row | {"round": n})
     rows = summarise(runs)
     print(
         f"frames paced at 300/s for {args.seconds:g} s, {args.rounds} round(s), medians; "
         f"budget {FRAME_BUDGET_S * 1000:.1f} ms"
     )
-    header = f"{'npcs':>6} {'cores':<7}{'bronze':>7} {'client':<8}{'p50':>7}{'p99':>7}{'max':>7}"
+    header = (
+        f"{'npcs':>6} {'cores':<9}{'bronze':>7}{'cad':>4} {'client':<8}"
+        f"{'p50':>7}{'p99':>7}{'max':>7}"
+    )
     print(
         header + f"{'over':>6}{'x over':>7}{'preempt':>8}{'by model':>9}{'x p99':>7}"
         f"{'applied/s':>10}{'hit':>6}"
@@ -237,7 +250,8 @@ def main() -> None:
     for r in rows:
         ms = r["frame_ms"]
         print(
-            f"{r['npcs']:>6} {r['cores']:<7}{r['bronze_every']:>7} {r['traffic']:<8}"
+            f"{r['npcs']:>6} {r['cores']:<9}{r['bronze']:>7}{fmt(r['bronze_cadence'], 'g'):>4}"
+            f" {r['traffic']:<8}"
             f"{fmt(ms['p50'], '.2f'):>7}{fmt(ms['p99'], '.2f'):>7}{fmt(ms['max'], '.2f'):>7}"
             f"{fmt(r['over_budget'], 'g'):>6}{fmt(r['x_over'], '.2f'):>7}"
             f"{fmt(r['preempted'], 'g'):>8}{fmt(r['over_by_model'], 'g'):>9}"
@@ -254,7 +268,7 @@ def main() -> None:
         server_threads=args.threads,
         nice=10,
         rounds=args.rounds,
-        bronze_every=everies,
+        bronze=[f"{every}/{cap}" for every, cap in bronzes],
         runs=runs,
         cores={
             "shared" if s is None else "realtime" if rt else "pinned": None

@@ -920,9 +920,15 @@ def ran(controller: Controller) -> np.ndarray:
     return controller.crowd.steer_lag[: len(controller.crowd)] == 0.0
 
 
-@pytest.mark.parametrize("every", [2, 3])
-def test_bronze_npcs_take_turns_and_every_one_runs_every_bronze_every_frames(every: int) -> None:
-    controller = Controller(settings=ControlSettings(seed=4, bronze_every=every))
+@pytest.mark.parametrize(
+    ("bronze_every", "per_frame", "every"),
+    [(2, 0, 2), (3, 0, 3), (2, 100, 2), (2, 20, 3), (1, 15, 4)],  # the cap over the setting
+)
+def test_bronze_npcs_take_turns_and_every_one_runs_every_bronze_every_frames(
+    bronze_every: int, per_frame: int, every: int
+) -> None:
+    settings = ControlSettings(seed=4, bronze_every=bronze_every, bronze_per_frame=per_frame)
+    controller = Controller(settings=settings)
     for k in range(6):
         controller.add(f"gold{k}", "villager", (5.0 + k, 0.0))  # near the player
     for k in range(6):
@@ -952,6 +958,7 @@ def test_bronze_npcs_take_turns_and_every_one_runs_every_bronze_every_frames(eve
     assert {controller.tier_of(npc) for npc in crowd.ids if npc.startswith("far")} == {Tier.BRONZE}
     assert {controller.tier_of(f"gold{k}") for k in range(6)} == {Tier.GOLD}
     assert {controller.tier_of(f"silver{k}") for k in range(6)} == {Tier.SILVER}
+    assert controller.stats().bronze_cadence == every  # 60 bronze, so many a frame at most
     masks = np.array(runs[1:])  # after the first frame, where every NPC runs
     assert masks[:, :12].all()  # gold and silver: every frame
     bronze = masks[:, 12:]
@@ -1399,6 +1406,10 @@ def test_settings_are_validated() -> None:
         with pytest.raises(ValueError, match="bronze_every: must be an integer >= 1"):
             ControlSettings(bronze_every=every)  # type: ignore[arg-type]
     assert ControlSettings(bronze_every=1).bronze_every == 1
+    for cap in (-1, 2.5, False, "100"):
+        with pytest.raises(ValueError, match="bronze_per_frame: must be an integer >= 0"):
+            ControlSettings(bronze_per_frame=cap)  # type: ignore[arg-type]
+    assert ControlSettings(bronze_per_frame=0).bronze_per_frame == 0
 
 
 # -- the crowd --------------------------------------------------------------------------------

@@ -1263,7 +1263,8 @@ def sim(
         int,
         typer.Option(
             help="Frames between two runs of a far-off (bronze) NPC's micro-policy "
-            "(ControlSettings.bronze_every; 1: every frame)."
+            "(ControlSettings.bronze_every; 1: every frame); more in a crowd with over "
+            "bronze_per_frame (2,500) bronze NPCs."
         ),
     ] = 2,
     realtime: Annotated[
@@ -1379,7 +1380,8 @@ def _sim(
         "the CPU)"
     )
     out.print(
-        f"tiers gold {stats.gold} silver {stats.silver} bronze {stats.bronze}  intents sent "
+        f"tiers gold {stats.gold} silver {stats.silver} bronze {stats.bronze} (policies every "
+        f"{stats.bronze_cadence} frames)  intents sent "
         f"{stats.requests_sent} applied {stats.applied} ({run.applied_per_s:.1f}/s) stale "
         f"{stats.dropped_stale} timed out {stats.timed_out} failed {stats.failed} shed "
         f"{stats.shed} (persona busy)"

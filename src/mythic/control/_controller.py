@@ -3,7 +3,8 @@
 Per frame: apply the intents that arrived since the last frame (the frame boundary), expire
 old intents and time out silent requests, update tiers and the interaction prediction every
 `tier_period_s`, hand the due intent requests to the source (which returns at once), then run
-the micro-policies (a bronze NPC's every `bronze_every` frames) and move everyone. A frame
+the micro-policies (a bronze NPC's every `bronze_every` frames, or more past
+`bronze_per_frame` of them) and move everyone. A frame
 that updates the tiers leaves the answers and requests to the next one. No await, no lock
 held across a wait, no I/O.
 """
@@ -79,6 +80,9 @@ class ControllerStats:
     """Interactions that were predicted."""
     prediction_misses: int
     """Interactions that were not."""
+    bronze_cadence: int
+    """Frames between two runs of a bronze NPC's micro-policy, as of the last frame
+    (`ControlSettings.bronze_every`, more in a crowd past `bronze_per_frame`)."""
 
     @property
     def hit_rate(self) -> float:
@@ -277,6 +281,7 @@ class Controller:
             predictions=p.predictions,
             prediction_hits=p.hits,
             prediction_misses=p.misses,
+            bronze_cadence=self.steering.cadence,
         )
 
     # -- the frame --------------------------------------------------------------------------

@@ -21,8 +21,9 @@ are kept from frame to frame while the policy and target columns stay the same (
 and every NPC that wanders in a frame (wanderers, and horde members and stalkers with
 nothing in reach) does so in one pass.
 
-Far-off (bronze) NPCs run their micro-policies every `bronze_every` frames, taking turns by
-row, so that a frame runs only a share of them; each run steers over the time since the NPC's
+Far-off (bronze) NPCs run their micro-policies every `bronze_every` frames (more in a crowd
+past `bronze_per_frame` of them: `Steering.bronze_cadence`), taking turns by row, so that a
+frame runs only a share of them; each run steers over the time since the NPC's
 own last one (its `steer_lag` and the frame's `dt`). Moving along the velocity, the overlap
 pushes and the neighbour list are per frame for every NPC: positions advance smoothly, and no
 body sinks into another, whichever NPCs ran. The frame's geometry (positions, targets,
@@ -331,6 +332,10 @@ class Steering:
         # The columns the kept layouts are for, and a layout per turn (None: every row).
         self._kept_columns: tuple[I8, I32, I8 | None] | None = None
         self._layouts: dict[int | None, _Layout] = {}
+        self._kept_every = 0  # the bronze cadence the kept layouts are for
+        self.cadence = 1
+        """The frames between two runs of a bronze NPC's micro-policy in the last frame
+        (`bronze_cadence`)."""
         self._frames = 0  # frames stepped: whose turn it is among the bronze rows
         self._revision: object = None  # the crowd's rows as of the last frame
         self._lagging = False  # some row skipped a frame since it last ran
@@ -454,28 +459,42 @@ class Steering:
             self._handlers[policy](crowd, frame, rows)
         return frame
 
+    def bronze_cadence(self, crowd: Crowd) -> int:
+        """The frames between two runs of a bronze NPC's micro-policy: `bronze_every`, or
+        more where the crowd has over `bronze_per_frame` bronze NPCs a frame at that."""
+        s = self.settings
+        every = s.bronze_every
+        if s.bronze_per_frame:
+            bronze = int(np.count_nonzero(crowd.tier[: len(crowd)] == _BRONZE))
+            every = max(every, -(-bronze // s.bronze_per_frame))
+        self.cadence = every
+        return every
+
     def _layout(self, crowd: Crowd) -> _Layout:
         """The rows that run in this frame, and which of them run each policy and aim at an
         NPC or the player: the same every `bronze_every` frames until a policy, a target or
         a tier changes, so kept until then, one per turn.
 
-        Bronze rows take turns by row: row `r` runs when `r % bronze_every` is this frame's
-        turn, the other tiers every frame. Every row runs in the frame after rows were added
-        or removed: a row moved into another's place takes that row's turn from then on, so
-        no row waits more than `bronze_every` frames between runs.
+        Bronze rows take turns by row: row `r` runs when `r % cadence` is this frame's turn
+        (`bronze_cadence`), the other tiers every frame. Every row runs in the frame after
+        rows were added or removed: a row moved into another's place takes that row's turn
+        from then on, so no row waits more than the cadence between runs (but once, as the
+        cadence changes, the old and the new one).
         """
         n = len(crowd)
-        every = self.settings.bronze_every
+        every = self.bronze_cadence(crowd)
         policies = crowd.policy[:n]
         targets = crowd.target[:n]
         tiers = crowd.tier[:n] if every > 1 else None
         kept = self._kept_columns
         if not (
             kept is not None
+            and every == self._kept_every
             and np.array_equal(kept[0], policies)
             and np.array_equal(kept[1], targets)
             and (tiers is None or (kept[2] is not None and np.array_equal(kept[2], tiers)))
         ):
+            self._kept_every = every
             self._kept_columns = (
                 policies.copy(),
                 targets.copy(),
