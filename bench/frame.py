@@ -17,7 +17,10 @@ Each row runs `--rounds` times, the rounds interleaved; the table shows medians 
 Columns: frame p50/p99/max (ms); over: frames over the 3.3 ms budget; preempt: those of them
 whose own work (the thread's CPU time) was within budget, so the frame waited for its core or
 the GIL; by model: over-budget frames attributable to the traffic (the row's minus `off`'s, at
-the same size and cores; the target is 0); x p99: against `off`; applied/s: intents applied
+the same size and cores; the target is 0); traffic: over-budget frames that were within it but
+for the model's traffic they carried (answers read and applied, requests sent: the game
+thread's own work for the model, apart from the load the model puts on the machine); x p99:
+against `off`; applied/s: intents applied
 per second; hit: the share of the player's interactions whose NPC was predicted (and
 prefetched) in advance.
 
@@ -102,6 +105,7 @@ def run_row(
         "frame_ms": latency(run.frame_s, 1000),
         "over_budget": run.over_budget,
         "preempted": run.preempted,
+        "by_traffic": run.by_traffic,
         "intents": {
             "sent": s.requests_sent,
             "applied": s.applied,
@@ -144,6 +148,7 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "over_budget": statistics.median(g["over_budget"] for g in group),
                 "over_budget_each": [g["over_budget"] for g in group],
                 "preempted": statistics.median(g["preempted"] for g in group),
+                "by_traffic": statistics.median(g["by_traffic"] for g in group),
                 "applied_per_s": statistics.median(g["intents"]["applied_per_s"] for g in group),
                 "hit_rate": median_or_none([g["hit_rate"] for g in group]),
             }
@@ -244,7 +249,7 @@ def main() -> None:
         f"{'p50':>7}{'p99':>7}{'max':>7}"
     )
     print(
-        header + f"{'over':>6}{'x over':>7}{'preempt':>8}{'by model':>9}{'x p99':>7}"
+        header + f"{'over':>6}{'x over':>7}{'preempt':>8}{'by model':>9}{'traffic':>8}{'x p99':>7}"
         f"{'applied/s':>10}{'hit':>6}"
     )
     for r in rows:
@@ -255,6 +260,7 @@ def main() -> None:
             f"{fmt(ms['p50'], '.2f'):>7}{fmt(ms['p99'], '.2f'):>7}{fmt(ms['max'], '.2f'):>7}"
             f"{fmt(r['over_budget'], 'g'):>6}{fmt(r['x_over'], '.2f'):>7}"
             f"{fmt(r['preempted'], 'g'):>8}{fmt(r['over_by_model'], 'g'):>9}"
+            f"{fmt(r['by_traffic'], 'g'):>8}"
             f"{fmt(r['x_p99'], '.2f'):>7}"
             f"{fmt(r['applied_per_s'], '.1f'):>10}{fmt(r['hit_rate'], '.2f'):>6}"
         )

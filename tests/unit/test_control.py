@@ -760,6 +760,25 @@ def test_at_frame_rate_the_traffic_waits_out_a_tier_frame_never_two(every: int) 
     assert slow.stats().applied == 1
 
 
+def test_a_frame_says_what_the_models_traffic_cost_it() -> None:
+    from mythic.cli._sim import FRAME_BUDGET_S, SimRun
+
+    dt = 1 / 256
+    controller, source = gold_npc(tier_period_s=2 * dt)
+    controller.frame(dt, 0.0, ORIGIN)  # the first tiers, and a request sent
+    assert len(source.sent) == 1 and controller.traffic_s > 0.0
+    controller.frame(dt, dt, ORIGIN)
+    controller.frame(dt, 2 * dt, ORIGIN)  # a tier frame: the traffic waits, costs nothing
+    assert controller.traffic_s == 0.0
+    # A frame over budget is the traffic's doing when it was within budget without it.
+    budget = FRAME_BUDGET_S
+    run = SimRun(npcs=1, seconds=1.0)
+    run.frame_s = [budget + 0.0005, budget + 0.0005, budget / 2, budget + 0.002]
+    run.traffic_s = [0.001, 0.0001, 0.001, 0.001]
+    run.cpu_s = list(run.frame_s)
+    assert (run.over_budget, run.by_traffic, run.preempted) == (3, 1, 0)
+
+
 def test_a_source_that_raises_fails_the_request_not_the_frame(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -1377,7 +1377,7 @@ def _sim(
         f"frames {len(ms)}  frame p50 {percentile(ms, 0.5):.2f} ms  p99 "
         f"{percentile(ms, 0.99):.2f} ms  max {max(ms, default=0):.2f} ms  over "
         f"{FRAME_BUDGET_S * 1000:.1f} ms: {run.over_budget} ({run.preempted} waiting for "
-        "the CPU)"
+        f"the CPU, {run.by_traffic} put over by the model's traffic)"
     )
     out.print(
         f"tiers gold {stats.gold} silver {stats.silver} bronze {stats.bronze} (policies every "

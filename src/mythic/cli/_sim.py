@@ -409,6 +409,8 @@ class SimRun:
     cpu_s: list[float] = field(default_factory=list)
     """The frame loop thread's CPU time per frame: below `frame_s` by the time the thread
     waited (another thread or process had its core, or it waited for the GIL)."""
+    traffic_s: list[float] = field(default_factory=list)
+    """The part of each frame spent on the model's traffic (`Controller.traffic_s`)."""
     stats: Any = None
     """`ControllerStats` at the end."""
     applied_before: int = 0
@@ -422,6 +424,18 @@ class SimRun:
         """Frames over budget whose own work (CPU time) was within it: the thread waited."""
         return sum(
             1 for s, cpu in zip(self.frame_s, self.cpu_s, strict=True) if s > FRAME_BUDGET_S >= cpu
+        )
+
+    @property
+    def by_traffic(self) -> int:
+        """Frames over budget that were within it but for the model's traffic they carried
+        (answers read and applied, requests sent, in the frame loop's thread): what the
+        game's side of the model costs a frame, apart from the load the model puts on the
+        machine."""
+        return sum(
+            1
+            for s, t in zip(self.frame_s, self.traffic_s, strict=True)
+            if s > FRAME_BUDGET_S >= s - t
         )
 
     @property
@@ -468,6 +482,7 @@ def run_paced(
         controller.frame(now - previous, now, player)
         run.frame_s.append(clock() - started)
         run.cpu_s.append(thread_time() - cpu)
+        run.traffic_s.append(controller.traffic_s)
         previous = now
         if recorder is not None:
             recorder.sample(elapsed, position)

@@ -12,6 +12,7 @@ held across a wait, no I/O.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import get_args
@@ -120,6 +121,9 @@ class Controller:
         self._frames = 0
         self._next_tier_at = -math.inf
         self._traffic_waited = False  # the last frame left the model's traffic for this one
+        self.traffic_s = 0.0
+        """Seconds the last frame spent on the model's traffic: reading and applying answers,
+        sending requests (a frame over budget by less than this was put over by it)."""
         self._unknown_target = 0
         self._unmapped_intent = 0
         self._prefetches = 0
@@ -312,19 +316,25 @@ class Controller:
             or self._next_tier_at == -math.inf
         )
         self._traffic_waited = not traffic
+        spent = 0.0
         if traffic:
+            began = time.perf_counter()
             poll = getattr(self.source, "poll", None)
             if poll is not None:  # a source that hands answers over on the frame loop's thread
                 poll()
             for row, update in self.intents.drain(now).items():
                 self._apply(row, update)
+            spent = time.perf_counter() - began
         self.crowd.apply_defaults(self.intents.expire(now), blend_s=blend_s)
         self.intents.time_out(now)
         if tiers_due:
             self._update_tiers(player, now)
             self._next_tier_at = now + self.settings.tier_period_s
         if traffic:
+            began = time.perf_counter()
             self.intents.issue_due(now, self.source)
+            spent += time.perf_counter() - began
+        self.traffic_s = spent
         self.steering.step(self.crowd, player, dt, busy=tiers_due)
         self._frames += 1
 
