@@ -4,9 +4,8 @@ Per frame: apply the intents that arrived since the last frame (the frame bounda
 old intents and time out silent requests, update tiers and the interaction prediction every
 `tier_period_s`, hand the due intent requests to the source (which returns at once), then run
 the micro-policies (a bronze NPC's every `bronze_every` frames, or more past
-`bronze_per_frame` of them) and move everyone. A frame
-that updates the tiers leaves the answers and requests to the next one. No await, no lock
-held across a wait, no I/O.
+`bronze_per_frame` of them) and move everyone. A frame that updates the tiers leaves the
+answers and requests to the next one. No await, no lock held across a wait, no I/O.
 """
 
 from __future__ import annotations
