@@ -82,11 +82,18 @@ def test_sim_runs_far_off_npcs_every_frame_or_every_other_and_refuses_zero() -> 
     for every in ("1", "3"):
         result = mythic(
             "sim", "--no-model", "--npcs", "300", "--horde", "60", "--seconds", "2",
-            "--bronze-every", every,
+            "--bronze-every", every, "--bronze-per-frame", "0" if every == "1" else "100",
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert _numbers(result.stdout, "frames") > 100
+        cadence = int(result.stdout.split("(policies every ")[1].split()[0])
+        assert cadence == 1 if every == "1" else cadence >= 3
     result = mythic("sim", "--no-model", "--npcs", "300", "--seconds", "1", "--bronze-every", "0")
     assert result.returncode == 2
     assert "bronze_every" in result.stderr
     assert "Traceback" not in result.stderr
+    result = mythic(
+        "sim", "--no-model", "--npcs", "300", "--seconds", "1", "--bronze-per-frame", "-5"
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "bronze_per_frame" in result.stderr and "Traceback" not in result.stderr

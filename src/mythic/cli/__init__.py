@@ -1264,9 +1264,16 @@ def sim(
         typer.Option(
             help="Frames between two runs of a far-off (bronze) NPC's micro-policy "
             "(ControlSettings.bronze_every; 1: every frame); more in a crowd with over "
-            "bronze_per_frame (2,500) bronze NPCs."
+            "--bronze-per-frame bronze NPCs."
         ),
     ] = 2,
+    bronze_per_frame: Annotated[
+        int,
+        typer.Option(
+            help="At most about this many bronze micro-policies a frame: past it, bronze NPCs "
+            "run less often (ControlSettings.bronze_per_frame; 0: no cap)."
+        ),
+    ] = 2500,
     realtime: Annotated[
         bool,
         typer.Option(
@@ -1295,6 +1302,7 @@ def sim(
             seed,
             pin,
             bronze_every,
+            bronze_per_frame,
             realtime,
         )
     )
@@ -1314,6 +1322,7 @@ def _sim(
     seed: int,
     pin: bool,
     bronze_every: int,
+    bronze_per_frame: int,
     realtime: bool,
 ) -> None:
     import contextlib
@@ -1340,7 +1349,11 @@ def _sim(
         raise MythicError(f"--intents must be 'process' or 'thread', not {intents!r}")
     try:
         spec = RegionSpec(npcs=npcs, horde=horde, seed=seed)
-        settings = dataclasses.replace(cpu_model_settings(seed), bronze_every=bronze_every)
+        settings = dataclasses.replace(
+            cpu_model_settings(seed),
+            bronze_every=bronze_every,
+            bronze_per_frame=bronze_per_frame,
+        )
     except ValueError as exc:
         raise MythicError(str(exc)) from None
     controller = Controller(settings=settings, capacity=npcs)
