@@ -8,7 +8,6 @@ import contextlib
 import itertools
 import json
 import shutil
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -384,43 +383,6 @@ async def test_at_most_max_concurrent_speakers_speak_and_phrases_cover_each_repl
         # Every word of the reply reached speech, in order, in phrases.
         assert " ".join(phrases[turn.turn_id]).split() == text.split()
         assert done[turn.turn_id] == turn.finish_reason
-
-
-async def test_the_speaking_slots_are_per_player(
-    engines: tuple[Engine, Engine], settings: MythicSettings
-) -> None:
-    # One slot: two players talking to two NPCs at once are both answered at once; only an
-    # NPC answering the same player waits (the test above).
-    first_phrase: dict[str, float] = {}
-    finished: dict[str, float] = {}
-
-    class Timeline:
-        def phrase(self, session_id: str, npc_id: str, turn_id: str, text: str) -> None:
-            first_phrase.setdefault(npc_id, time.perf_counter())
-
-        def reply_done(self, session_id: str, npc_id: str, turn_id: str, reason: str) -> None:
-            finished[npc_id] = time.perf_counter()
-
-    async with (
-        running(
-            engines,
-            settings,
-            replies=Timeline(),
-            chat=_chat(settings),
-            dialogue={"max_concurrent_speakers": 1, "decide": False},
-        ) as (address, _),
-        MythicClient(f"ws://{address}/v1/ws") as alice,
-        MythicClient(f"ws://{address}/v1/ws") as bob,
-        asyncio.timeout(180),
-    ):
-        turns = await asyncio.gather(
-            alice.say("marla", "Tell me a long story about the town."),
-            bob.say("bran", "Tell me a long story about the town."),
-        )
-        await asyncio.gather(*(turn.reply() for turn in turns))
-    assert set(first_phrase) == set(finished) == {"marla", "bran"}
-    # Each began speaking before the other was done: they spoke at the same time.
-    assert first_phrase["marla"] < finished["bran"] and first_phrase["bran"] < finished["marla"]
 
 
 async def test_an_intent_request_gets_a_constrained_intent_and_a_short_bark(

@@ -151,10 +151,7 @@ class DialogueSettings(_Section):
     """NPC actors: turns, intents and tool calls (technical design, sections 5 and 11)."""
 
     max_concurrent_speakers: int = Field(default=2, ge=1, le=1024)
-    """NPCs speaking at once to one player (a session); another NPC's reply to that player
-    waits, thinking, until one finishes. Other players' conversations do not wait for them:
-    with four players at four NPCs and a cap for the whole server, the third and fourth
-    replies waited for whole replies (5-7 s on 2 CPU cores)."""
+    """NPCs speaking at once; another NPC's reply waits, thinking, until one finishes."""
 
     mailbox_size: int = Field(default=32, ge=1, le=4096)
     """Player lines and intent requests waiting per NPC; more are refused (`npc_busy`)."""

@@ -451,7 +451,6 @@ class NPCActor:
         user = ChatMessage("user", line.text)
         decision_task: asyncio.Task[Decision | None] | None = None
         speaking = False
-        slots = cast.speakers(session)  # this player's conversation's speaking slots
         try:
             self.machine.to(DialogueState.THINKING)
             if memory is not None and line.player_id is not None:
@@ -471,7 +470,7 @@ class NPCActor:
                         # it cannot delay that token; it is needed only when the reply ends.
                         decision_task = asyncio.create_task(self._decide(line))
                     if not speaking:
-                        await slots.acquire()
+                        await cast.speakers.acquire()
                         speaking = True
                         self.machine.to(DialogueState.SPEAKING)
                     out.say(text)
@@ -523,7 +522,7 @@ class NPCActor:
             )
             cast.stats.turn_finished(out.reason)
             if speaking:
-                slots.release()
+                cast.speakers.release()
             self.machine.to(DialogueState.IDLE)
             self._session_of_state = self._turn_of_state = None
 

@@ -157,7 +157,7 @@ class Cast:
         self.settings = settings
         self.send = outbox
         self.stats = DialogueStats()
-        self._speakers: dict[str, asyncio.Semaphore] = {}
+        self.speakers = asyncio.Semaphore(settings.dialogue.max_concurrent_speakers)
         self.actors: dict[str, NPCActor] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._calls: dict[str, _PendingCall] = {}
@@ -188,16 +188,6 @@ class Cast:
         self.actors[npc_id] = actor
         self._tasks[npc_id] = asyncio.create_task(self._supervise(actor), name=f"npc {npc_id}")
         return actor
-
-    def speakers(self, session_id: str) -> asyncio.Semaphore:
-        """The speaking slots of one player's conversation (`max_concurrent_speakers`): past
-        them, an NPC answering the same player waits, thinking, for another to finish; NPCs
-        answering other players never wait for them (the engine's scheduler shares it)."""
-        slots = self._speakers.get(session_id)
-        if slots is None:
-            slots = asyncio.Semaphore(self.settings.dialogue.max_concurrent_speakers)
-            self._speakers[session_id] = slots
-        return slots
 
     def prepare(
         self, session_id: str, npc_id: str, text: str, *, player_id: str | None = None
@@ -256,7 +246,6 @@ class Cast:
 
     def session_gone(self, session_id: str, *, forget: bool) -> None:
         """A session disconnected (`forget=False`: it may resume) or ended: its turns stop."""
-        self._speakers.pop(session_id, None)  # a turn still speaking keeps its own slots
         for actor in self.actors.values():
             actor.deliver(SessionGone(session_id, forget))
         for call in self._calls.values():
