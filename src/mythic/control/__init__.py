@@ -6,8 +6,8 @@ patrol, face-and-talk, horde flocking, stalk-and-feed) vectorised with NumPy ove
 struct-of-arrays `Crowd`, blends steering when a policy changes, and moves everyone. Far-off
 (bronze) NPCs run their micro-policy every `bronze_every` frames (2: half of them a frame, each
 over the time since its last run; less often past `bronze_per_frame` of them) while still
-moving every frame. It never awaits, never
-blocks and does no I/O. The *model path* refreshes each NPC's intent: due NPCs
+moving every frame. It never awaits, never blocks and does no I/O. The *model path*
+refreshes each NPC's intent: due NPCs
 (by activation tier: gold 2 Hz, silver 0.5 Hz, bronze never, with jitter) get an
 `IntentRequest` handed to an `IntentSource`, whose `submit` returns at once; the answer comes
 back on any thread through `Controller.deliver` and is applied at the next frame boundary,
