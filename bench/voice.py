@@ -22,7 +22,9 @@ less accurate). `--baseline` first runs a round with all of it off (partials in 
 window too); the ratio column is then against it.
 
 The server runs with the environment it is given: `MYTHIC_ENGINE__BACKEND=transformers
-MYTHIC_ENGINE__DEVICE=cuda` runs the model on a GPU (recorded in the results).
+MYTHIC_ENGINE__DEVICE=cuda` runs the model on a GPU with the transformers backend, and
+`MYTHIC_ENGINE__N_GPU_LAYERS=-1` with a CUDA build of llama.cpp; both are recorded in the
+results, and so is `MYTHIC_KNOWLEDGE__RETRIEVAL`.
 
 Writes bench/results/voice.json (or `--out`).
 
@@ -246,6 +248,8 @@ def main() -> None:
         server_threads=args.threads,
         engine_backend=os.environ.get("MYTHIC_ENGINE__BACKEND", "llama.cpp"),
         engine_device=os.environ.get("MYTHIC_ENGINE__DEVICE", "cpu"),
+        engine_gpu_layers=int(os.environ.get("MYTHIC_ENGINE__N_GPU_LAYERS", "0")),
+        knowledge_retrieval=os.environ.get("MYTHIC_KNOWLEDGE__RETRIEVAL", "hybrid"),
         asr_window_s=args.asr_window_s or 30.0,
         dialogue_model=args.model or "default (engine.dialogue_model)",
         decide=not args.no_decide,

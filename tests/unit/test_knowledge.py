@@ -4,6 +4,7 @@ cards and lore), the drop policy, BM25 retrieval, lore files that cannot be used
 from __future__ import annotations
 
 import itertools
+import os
 import string
 from pathlib import Path
 
@@ -245,6 +246,20 @@ def test_bm25_finds_the_right_document_and_zone(tmp_path: Path) -> None:
     assert hits[0].chunk.id == "lore/town.md#0" and hits[0].chunk.zone is None
     packed = knowledge.context("marla", Query("When do you open?"))
     assert packed.lore is not None and "sixth bell" in packed.lore
+
+
+def test_bm25_keeps_jax_on_the_cpu_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bm25s runs a JAX operation at import when JAX is installed: on a GPU machine that
+    # started JAX on the GPU beside the model (and crashed a CUDA llama.cpp server).
+    world = load_world(make_world(tmp_path / "w", {"marla.yaml": GOOD_CARD}, LORE))
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    Knowledge(world, bm25(tmp_path))
+    assert os.environ["JAX_PLATFORMS"] == "cpu"
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")  # a game that wants JAX on its GPU says so
+    Knowledge(world, bm25(tmp_path))
+    assert os.environ["JAX_PLATFORMS"] == "cuda"
 
 
 def test_yaml_lore_and_unusable_files_are_skipped_with_their_name(tmp_path: Path) -> None:

@@ -29,6 +29,21 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["hybrid", "bm25", "dense", "off"]
 
+
+def _bm25s() -> Any:
+    """Import `bm25s` with JAX, if installed, kept on the CPU.
+
+    bm25s imports JAX when it is installed and runs a JAX operation at import, which starts
+    JAX's default backend: on a CUDA machine the GPU, where JAX takes 75% of the memory by
+    default, in the server process beside the model. With a CUDA build of llama.cpp already
+    loaded, that import crashed the server (seen on an H200). Scores here come from numpy
+    (`get_scores`), so JAX has nothing to do on a GPU: `JAX_PLATFORMS=cpu` unless the
+    environment says otherwise (it only counts before JAX's first import).
+    """
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    return require("bm25s", package="bm25s", extra="rag")
+
+
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 STOPWORDS = frozenset(
     [
@@ -302,7 +317,7 @@ class Index:
         if not self.chunks or self.mode == "off":
             return
         if self.mode in ("hybrid", "bm25"):
-            bm25s = require("bm25s", package="bm25s", extra="rag")
+            bm25s = _bm25s()
             self._bm25 = bm25s.BM25()
             corpus = [terms(f"{c.text} {' '.join(c.tags)}") or ["_"] for c in self.chunks]
             self._bm25.index(corpus, show_progress=False)
