@@ -1464,6 +1464,27 @@ def test_removing_an_npc_keeps_ids_and_targets_right() -> None:
 # -- the sim's region -------------------------------------------------------------------------
 
 
+def test_at_10000_npcs_the_neighbour_search_keeps_to_the_background() -> None:
+    # The sim's region at 300 frames a second: after the first frames, every new search of
+    # the close pairs is done in slices between frames, never at once in one (2-4 ms at this
+    # size). It was, about once every 2 s, when searches looked where NPCs would be at the
+    # end of their frames: lists were taken over a third closed already, and the next search
+    # ran out of frames.
+    from mythic.cli._sim import RegionSpec, build_region, cpu_model_settings
+
+    controller = Controller(settings=cpu_model_settings(0), capacity=10_000)
+    path = build_region(controller, RegionSpec(npcs=10_000, horde=3_000, seed=0))
+    neighbours = controller.steering.neighbours
+    dt = 1 / 300
+    for k in range(1_500):
+        position, velocity, facing = path.at(k * dt)
+        controller.frame(dt, k * dt, Player(position, velocity, facing))
+        if k == 30:
+            started = neighbours.waits
+    assert neighbours.waits == started
+    assert neighbours.builds > 60  # it did search again, often
+
+
 @pytest.mark.parametrize("horde", [80, 3000])
 def test_the_sims_horde_starts_without_a_neighbour_search_every_frame(horde: int) -> None:
     # Packed tighter, a large horde starts as bodies inside each other and its first second of
