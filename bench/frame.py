@@ -30,11 +30,16 @@ prefetched) in advance.
 are compared in the same run: `x over` is a row's over-budget count against the same row at
 the first spec given; `cad` the cadence it ran at.
 
+`--gc python,slack` runs every row twice: with Python's garbage collections wherever they
+fall (frames included), and between frames (`SlackGC`, the default: what a game's loop does
+with it); `x over` is then against the first.
+
 Writes bench/results/frame.json (or `--out`).
 
     .venv/bin/python bench/frame.py [--seconds 20] [--sizes 1000,10000] [--threads 1]
                                     [--clients thread,process] [--cores shared,pinned,realtime]
-                                    [--rounds 3] [--bronze 2/2500] [--out PATH]
+                                    [--rounds 3] [--bronze 2/2500] [--gc slack]
+                                    [--out PATH]
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ def run_row(
     split: CoreSplit | None,
     bronze: tuple[int, int],
     realtime: bool = False,
+    gc: str = "slack",
 ) -> dict[str, Any]:
     every, cap = bronze
     settings = dataclasses.replace(cpu_model_settings(0), bronze_every=every, bronze_per_frame=cap)
@@ -90,7 +96,7 @@ def run_row(
             source = stack.enter_context(
                 intent_source(controller, url, speakers(WORLD), client, cpus=cpus)
             )
-        run = run_paced(controller, path, seconds=seconds)
+        run = run_paced(controller, path, seconds=seconds, gc_in_slack=gc == "slack")
     s = run.stats
     interactions = s.prediction_hits + s.prediction_misses
     return {
@@ -100,6 +106,8 @@ def run_row(
         "bronze_every": every,
         "bronze_per_frame": cap,
         "bronze_cadence": s.bronze_cadence,
+        "gc": gc,
+        "gc_collections": run.collections,
         "traffic": client or "off",
         "frames": len(run.frame_s),
         "frame_ms": latency(run.frame_s, 1000),
@@ -123,21 +131,22 @@ def run_row(
 
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (size, cores, bronze spec, traffic): medians over the rounds;
-    `over_by_model` is the row's median over-budget count minus its `off` row's (same size,
-    cores and bronze spec); `x_over` its over-budget count against the same row at the first
-    bronze spec run."""
-    groups: dict[tuple[int, str, int, str], list[dict[str, Any]]] = {}
+    """One row per (size, cores, bronze spec, garbage collection, traffic): medians over the
+    rounds; `over_by_model` is the row's median over-budget count minus its `off` row's (same
+    size, cores, bronze spec and collection); `x_over` its over-budget count against the same
+    row at the first bronze spec and collection run."""
+    groups: dict[tuple[int, str, str, str, str], list[dict[str, Any]]] = {}
     for run in runs:
-        key = (run["npcs"], run["cores"], run["bronze"], run["traffic"])
+        key = (run["npcs"], run["cores"], run["bronze"], run["gc"], run["traffic"])
         groups.setdefault(key, []).append(run)
     rows = []
-    for (npcs, cores, bronze, traffic), group in groups.items():
+    for (npcs, cores, bronze, gc, traffic), group in groups.items():
         rows.append(
             {
                 "npcs": npcs,
                 "cores": cores,
                 "bronze": bronze,
+                "gc": gc,
                 "bronze_cadence": statistics.median(g["bronze_cadence"] for g in group),
                 "traffic": traffic,
                 "rounds": len(group),
@@ -153,15 +162,17 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "hit_rate": median_or_none([g["hit_rate"] for g in group]),
             }
         )
-    off = {(r["npcs"], r["cores"], r["bronze"]): r for r in rows if r["traffic"] == "off"}
-    first = runs[0]["bronze"] if runs else None
-    same = {(r["npcs"], r["cores"], r["traffic"]): r for r in rows if r["bronze"] == first}
+    off = {(r["npcs"], r["cores"], r["bronze"], r["gc"]): r for r in rows if r["traffic"] == "off"}
+    first = (runs[0]["bronze"], runs[0]["gc"]) if runs else None
+    same = {
+        (r["npcs"], r["cores"], r["traffic"]): r for r in rows if (r["bronze"], r["gc"]) == first
+    }
     for r in rows:
         before = same.get((r["npcs"], r["cores"], r["traffic"]))
         r["x_over"] = (
             ratio(max(r["over_budget"], 1), max(before["over_budget"], 1)) if before else None
         )
-        base = off.get((r["npcs"], r["cores"], r["bronze"]))
+        base = off.get((r["npcs"], r["cores"], r["bronze"], r["gc"]))
         on = r["traffic"] != "off"
         r["over_by_model"] = (
             max(0, r["over_budget"] - base["over_budget"]) if on and base is not None else 0
@@ -194,6 +205,12 @@ def main() -> None:
         default="2/2500",
         help="EVERY/CAP: a bronze NPC's micro-policy every EVERY frames, at most about CAP "
         "of them a frame (0: no cap); several (2/0,2/2500) to compare",
+    )
+    parser.add_argument(
+        "--gc",
+        default="slack",
+        help="slack: Python's garbage collections between frames (SlackGC), as a game's loop "
+        "keeps them; python: wherever Python runs them, frames included; both to compare",
     )
     parser.add_argument(
         "--out",
@@ -229,6 +246,11 @@ def main() -> None:
         if bronzes[-1][0] < 1 or bronzes[-1][1] < 0:
             parser.error(f"--bronze: {spec!r}: EVERY must be >= 1 and CAP >= 0")
 
+    gcs = args.gc.split(",")
+    for name in gcs:
+        if name not in ("slack", "python"):
+            parser.error(f"--gc: {name!r} is neither slack nor python")
+
     runs: list[dict[str, Any]] = []
     for split, realtime in placements:
         cpus = split.model if split is not None else None
@@ -236,16 +258,19 @@ def main() -> None:
             for n in range(args.rounds):  # rounds interleaved, so slow spells hit every row
                 for npcs in sizes:
                     for bronze in bronzes:
-                        for client in clients:
-                            row = run_row(npcs, args.seconds, url, client, split, bronze, realtime)
-                            runs.append(row | {"round": n})
+                        for gc in gcs:
+                            for client in clients:
+                                row = run_row(
+                                    npcs, args.seconds, url, client, split, bronze, realtime, gc
+                                )
+                                runs.append(row | {"round": n})
     rows = summarise(runs)
     print(
         f"frames paced at 300/s for {args.seconds:g} s, {args.rounds} round(s), medians; "
         f"budget {FRAME_BUDGET_S * 1000:.1f} ms"
     )
     header = (
-        f"{'npcs':>6} {'cores':<9}{'bronze':>7}{'cad':>4} {'client':<8}"
+        f"{'npcs':>6} {'cores':<9}{'bronze':>7}{'cad':>4} {'gc':<7}{'client':<8}"
         f"{'p50':>7}{'p99':>7}{'max':>7}"
     )
     print(
@@ -256,7 +281,7 @@ def main() -> None:
         ms = r["frame_ms"]
         print(
             f"{r['npcs']:>6} {r['cores']:<9}{r['bronze']:>7}{fmt(r['bronze_cadence'], 'g'):>4}"
-            f" {r['traffic']:<8}"
+            f" {r['gc']:<7}{r['traffic']:<8}"
             f"{fmt(ms['p50'], '.2f'):>7}{fmt(ms['p99'], '.2f'):>7}{fmt(ms['max'], '.2f'):>7}"
             f"{fmt(r['over_budget'], 'g'):>6}{fmt(r['x_over'], '.2f'):>7}"
             f"{fmt(r['preempted'], 'g'):>8}{fmt(r['over_by_model'], 'g'):>9}"
@@ -275,6 +300,7 @@ def main() -> None:
         nice=10,
         rounds=args.rounds,
         bronze=[f"{every}/{cap}" for every, cap in bronzes],
+        gc=gcs,
         runs=runs,
         cores={
             "shared" if s is None else "realtime" if rt else "pinned": None

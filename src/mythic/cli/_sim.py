@@ -414,6 +414,8 @@ class SimRun:
     stats: Any = None
     """`ControllerStats` at the end."""
     applied_before: int = 0
+    collections: list[int] | None = None
+    """Garbage collections run between frames, by generation (None: Python ran its own)."""
 
     @property
     def over_budget(self) -> int:
@@ -452,18 +454,41 @@ def run_paced(
     fps: float = 300.0,
     start_s: float = 0.0,
     recorder: ReplayRecorder | None = None,
+    gc_in_slack: bool = True,
 ) -> SimRun:
     """Run frames at `fps` in real time for `seconds`; the player starts `start_s` into its
     loop. When the player stops within 2.5 m in front of an NPC it counts as an interaction
     (scoring the prediction), at most one a second. A `recorder` samples the crowd between
-    frames."""
-    import numpy as np
-
-    from mythic.control import Player
+    frames. With `gc_in_slack`, Python's garbage collections run between frames (`SlackGC`),
+    as a game's loop would keep them; without, wherever Python runs them, frames included."""
+    from mythic.control import SlackGC
 
     run = SimRun(len(controller.crowd), seconds)
     run.applied_before = controller.stats().applied
     period = 1.0 / fps
+    collector = SlackGC() if gc_in_slack else None
+    with collector or contextlib.nullcontext():
+        _paced_frames(controller, path, run, collector, period, start_s, recorder)
+    run.stats = controller.stats()
+    if collector is not None:
+        run.collections = list(collector.collections)
+    return run
+
+
+def _paced_frames(
+    controller: Any,
+    path: PlayerPath,
+    run: SimRun,
+    collector: Any,
+    period: float,
+    start_s: float,
+    recorder: ReplayRecorder | None,
+) -> None:
+    import numpy as np
+
+    from mythic.control import Player
+
+    seconds = run.seconds
     clock, thread_time = time.perf_counter, time.thread_time
     began = clock()
     next_frame = began
@@ -500,13 +525,13 @@ def run_paced(
                     controller.interacted(partner, now)
                     last_partner = partner
         next_frame += period
+        if collector is not None:  # in the slack before the next frame, when there is some
+            collector.collect(slack=next_frame > clock())
         pause = next_frame - clock()
         if pause > 0:
             time.sleep(pause)
         else:
             next_frame = clock()
-    run.stats = controller.stats()
-    return run
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -28,7 +28,8 @@ interaction prefetches that NPC's intent and greeting.
 
 `ProcessIntentSource` runs the client in a child process, so its parsing never takes the GIL
 from the frames; `AsyncIntentSource` runs it on a thread of the game's process (simpler, and
-enough when the game has cores to spare).
+enough when the game has cores to spare). `SlackGC` keeps Python's garbage collections out
+of the frames: the game's loop calls its `collect()` between them.
 
 Imports only `mythic.contracts` and NumPy, so a game can vendor it without the server.
 Without NumPy, importing it raises `MissingExtraError` naming the install command.
@@ -54,6 +55,7 @@ from mythic.control._cores import (
     split_cores,
 )
 from mythic.control._crowd import NO_TARGET, PLACE, PLAYER, Crowd, StalkPhase, Tier
+from mythic.control._gc import SlackGC
 from mythic.control._intents import (
     AsyncIntentSource,
     Fetch,
@@ -102,6 +104,7 @@ __all__ = [
     "PredictionCounters",
     "ProcessIntentSource",
     "QueuedTooLongError",
+    "SlackGC",
     "StalkPhase",
     "TargetKind",
     "Tier",
