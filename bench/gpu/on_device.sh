@@ -1,0 +1,57 @@
+#!/bin/bash
+# On an offline CUDA machine with Python 3.12 and PyTorch, CUDA's compiler, CMake and ninja
+# (an NVIDIA PyTorch image), in a checkout holding the folder bench/gpu/wheelhouse.sh made:
+#
+#   bench/gpu/on_device.sh build HOUSE     start the CUDA build of llama-cpp-python (in the
+#                                          background: 3.5-4 min on 16 cores for sm_90)
+#   bench/gpu/on_device.sh stage HOUSE     keep the parts present now (a transfer at a time)
+#   bench/gpu/on_device.sh install HOUSE   wait for the build, install all in $SITE
+#   bench/gpu/on_device.sh bench ARGS...   bench/voice.py with every layer on the GPU
+#
+# Work files go to $WORK (/tmp/mythic-gpu), packages to $SITE (/tmp/mythic-site).
+set -u
+WORK=${WORK:-/tmp/mythic-gpu}; SITE=${SITE:-/tmp/mythic-site}; ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$WORK/parts" "$WORK/house" "$WORK/wheel"
+nvcc_path() { command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null | head -1; }
+env_setup() {
+  export PATH=$WORK/deb/usr/bin:$PATH LD_LIBRARY_PATH=$WORK/deb/usr/lib/x86_64-linux-gnu
+  export PYTHONPATH=$SITE:$ROOT/src HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
+}
+case ${1:-} in
+build)
+  tar xzf "$2/llama_trim.tar.gz" -C "$WORK"
+  NVCC=$(nvcc_path); export CUDACXX=$NVCC PATH=$(dirname "$NVCC"):$PATH
+  args="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DGGML_CUDA_NCCL=OFF"
+  args="$args -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+  args="$args -DLLAMA_BUILD_TOOLS=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON"
+  args="$args -DGGML_FMA=ON -DGGML_F16C=ON"
+  date +%s > "$WORK/build.start"
+  (cd "$WORK/trim" && setsid nohup env CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+    python3 -m pip wheel --no-deps --no-build-isolation --no-cache-dir -v -w "$WORK/wheel" . \
+    > "$WORK/build.log" 2>&1 < /dev/null &)
+  echo "building (log: $WORK/build.log)";;
+stage)
+  cp "$2"/part* "$WORK/parts/" 2>/dev/null
+  cat "$WORK"/parts/part* > "$WORK/house.tar"
+  (cd "$WORK/house" && tar xf ../house.tar 2>/dev/null)
+  echo "parts: $(ls "$WORK/parts" | tr '\n' ' ')"
+  grep -oE '^\s*\[[0-9]+/[0-9]+\]' "$WORK/build.log" 2>/dev/null | tail -1;;
+install)
+  "$0" stage "$2"
+  until ls "$WORK"/wheel/llama_cpp_python-*.whl >/dev/null 2>&1; do
+    pgrep -f 'pip wheel' >/dev/null || { tail -20 "$WORK/build.log"; echo "the build stopped"; exit 3; }
+    sleep 3
+  done
+  echo "built in $(( $(date +%s) - $(cat "$WORK/build.start") )) s"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" "$WORK"/house/*.whl "$WORK"/wheel/*.whl || exit 4
+  python3 -m zipfile -e "$WORK/house/piper_trim.zip" "$SITE"
+  for f in "$WORK"/house/debs/*.deb; do dpkg -x "$f" "$WORK/deb"; done
+  env_setup; python3 -m mythic models fetch smollm2-135m-instruct;;
+bench)
+  shift; env_setup
+  export MYTHIC_ENGINE__N_GPU_LAYERS=${MYTHIC_ENGINE__N_GPU_LAYERS:--1}
+  python3 "$ROOT/bench/voice.py" "$@";;
+*)
+  sed -n 2,12p "$0"; exit 2;;
+esac
