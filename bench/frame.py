@@ -24,6 +24,12 @@ against `off`; applied/s: intents applied
 per second; hit: the share of the player's interactions whose NPC was predicted (and
 prefetched) in advance.
 
+`--clients busy` adds a row with no intent traffic but the model busy all the same: a process
+on the model's cores talks to NPCs over the server's HTTP API, one line after another, so the
+model generates all through the row. `vs busy` is then a traffic row's over-budget count
+minus the busy row's: the frames the traffic put over beyond what the model's arithmetic on
+the other core does to every frame.
+
 `--bronze 1/0,2/0,2/2500` runs every row with far-off (bronze) NPCs' micro-policies every
 `EVERY` frames, and no more than about `CAP` of them a frame (`ControlSettings.bronze_every`,
 `bronze_per_frame`; 0: no cap; the default `2/2500` runs 10,000 NPCs' every 4 frames), so they
@@ -47,10 +53,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import statistics
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -71,13 +80,61 @@ from mythic.cli._sim import (  # noqa: E402
 from mythic.control import Controller, CoreSplit, split_cores  # noqa: E402
 
 WORLD = ROOT / "examples" / "worlds" / "ravenmoor"
+BUSY_LINES = [
+    "Tell me everything you know about the old mill and the people who lived there.",
+    "What happened in this town last winter? Spare no detail.",
+    "Describe the road to the cathedral, every turn of it.",
+]
+
+
+def keep_busy(http: str, cpus: list[int] | None, stop: Any) -> None:
+    """A player talking to NPCs over HTTP, one line after another, until `stop` is set: the
+    model busy on its core with no intent traffic (the `busy` row)."""
+    import itertools
+
+    import httpx
+
+    from mythic.control import pin_thread
+
+    if cpus:
+        pin_thread(cpus)
+    os.nice(10)
+    with httpx.Client(base_url=http, timeout=120.0) as client:
+        for n in itertools.count():
+            if stop.is_set():
+                return
+            npc = ("marla", "bran", "father_anselm")[n % 3]
+            with contextlib.suppress(httpx.HTTPError):
+                client.post(f"/v1/npcs/{npc}/say", json={"text": BUSY_LINES[n % 3]})
+
+
+@contextlib.contextmanager
+def busy_model(url: str, cpus: Any) -> Iterator[None]:
+    """The server's model kept busy generating chat replies, from a process on `cpus`."""
+    import multiprocessing
+
+    http = "http://" + url.removeprefix("ws://").removesuffix("/v1/ws")
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    process = context.Process(
+        target=keep_busy, args=(http, sorted(cpus) if cpus else None, stop), daemon=True
+    )
+    process.start()
+    time.sleep(1.0)  # the first line reaches the model before the frames start
+    try:
+        yield
+    finally:
+        stop.set()
+        process.join(130)
+        if process.is_alive():
+            process.terminate()
 
 
 def run_row(
     npcs: int,
     seconds: float,
     url: str | None,
-    client: SourceKind | None,
+    client: SourceKind | Literal["busy"] | None,
     split: CoreSplit | None,
     bronze: tuple[int, int],
     realtime: bool = False,
@@ -91,8 +148,10 @@ def run_row(
     with contextlib.ExitStack() as stack:
         if split is not None:
             stack.enter_context(pinned(split.game, realtime=realtime))
-        if url is not None and client is not None:
-            cpus = split.model if split is not None else None
+        cpus = split.model if split is not None else None
+        if url is not None and client == "busy":
+            stack.enter_context(busy_model(url, cpus))
+        elif url is not None and client is not None:
             source = stack.enter_context(
                 intent_source(controller, url, speakers(WORLD), client, cpus=cpus)
             )
@@ -163,6 +222,9 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     off = {(r["npcs"], r["cores"], r["bronze"], r["gc"]): r for r in rows if r["traffic"] == "off"}
+    busy = {
+        (r["npcs"], r["cores"], r["bronze"], r["gc"]): r for r in rows if r["traffic"] == "busy"
+    }
     first = (runs[0]["bronze"], runs[0]["gc"]) if runs else None
     same = {
         (r["npcs"], r["cores"], r["traffic"]): r for r in rows if (r["bronze"], r["gc"]) == first
@@ -178,6 +240,12 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             max(0, r["over_budget"] - base["over_budget"]) if on and base is not None else 0
         )
         r["x_p99"] = ratio(r["frame_ms"]["p99"], base["frame_ms"]["p99"]) if base else None
+        loaded = busy.get((r["npcs"], r["cores"], r["bronze"], r["gc"]))
+        r["over_vs_busy"] = (
+            max(0, r["over_budget"] - loaded["over_budget"])
+            if loaded is not None and r["traffic"] in ("thread", "process")
+            else None
+        )
     return rows
 
 
@@ -220,11 +288,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
-    clients: list[SourceKind | None] = [None]
+    clients: list[SourceKind | Literal["busy"] | None] = [None]
     for name in args.clients.split(","):
-        if name not in ("thread", "process"):
-            parser.error(f"--clients: {name!r} is neither thread nor process")
-        clients.append("thread" if name == "thread" else "process")
+        if name not in ("thread", "process", "busy"):
+            parser.error(f"--clients: {name!r} is not thread, process or busy")
+        clients.append("thread" if name == "thread" else "process" if name == "process" else "busy")
     placements: list[tuple[CoreSplit | None, bool]] = []
     for name in args.cores.split(","):
         if name == "shared":
@@ -274,7 +342,8 @@ def main() -> None:
         f"{'p50':>7}{'p99':>7}{'max':>7}"
     )
     print(
-        header + f"{'over':>6}{'x over':>7}{'preempt':>8}{'by model':>9}{'traffic':>8}{'x p99':>7}"
+        header + f"{'over':>6}{'x over':>7}{'preempt':>8}{'by model':>9}{'traffic':>8}"
+        f"{'vs busy':>8}{'x p99':>7}"
         f"{'applied/s':>10}{'hit':>6}"
     )
     for r in rows:
@@ -285,7 +354,7 @@ def main() -> None:
             f"{fmt(ms['p50'], '.2f'):>7}{fmt(ms['p99'], '.2f'):>7}{fmt(ms['max'], '.2f'):>7}"
             f"{fmt(r['over_budget'], 'g'):>6}{fmt(r['x_over'], '.2f'):>7}"
             f"{fmt(r['preempted'], 'g'):>8}{fmt(r['over_by_model'], 'g'):>9}"
-            f"{fmt(r['by_traffic'], 'g'):>8}"
+            f"{fmt(r['by_traffic'], 'g'):>8}{fmt(r['over_vs_busy'], 'g'):>8}"
             f"{fmt(r['x_p99'], '.2f'):>7}"
             f"{fmt(r['applied_per_s'], '.1f'):>10}{fmt(r['hit_rate'], '.2f'):>6}"
         )
