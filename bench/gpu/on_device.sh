@@ -6,6 +6,7 @@
 #                                          background: 3.5-4 min on 16 cores for sm_90)
 #   bench/gpu/on_device.sh stage HOUSE     keep the parts present now (a transfer at a time)
 #   bench/gpu/on_device.sh install HOUSE   wait for the build, install all in $SITE
+#   bench/gpu/on_device.sh check           which libraries crash beside the CUDA llama.cpp
 #   bench/gpu/on_device.sh bench ARGS...   bench/voice.py with every layer on the GPU
 #
 # Work files go to $WORK (/tmp/mythic-gpu), packages to $SITE (/tmp/mythic-site).
@@ -48,6 +49,18 @@ install)
   python3 -m zipfile -e "$WORK/house/piper_trim.zip" "$SITE"
   for f in "$WORK"/house/debs/*.deb; do dpkg -x "$f" "$WORK/deb"; done
   env_setup; python3 -m mythic models fetch smollm2-135m-instruct;;
+check)
+  # Each in a process of its own: the model on the GPU first, as in the server, then one
+  # library the server or its speech stack loads. A crash names the culprit.
+  env_setup
+  load="from mythic.engine._llamacpp import load_backend; from mythic.config import EngineSettings
+b = load_backend('smollm2-135m-instruct', EngineSettings(n_gpu_layers=-1))"
+  vad="from mythic.speech._vad import SileroVAD; SileroVAD().probability(bytes(1024))"
+  for probe in "pass" "import bm25s" "import onnxruntime" "$vad" "import faster_whisper" \
+      "import ctranslate2" "import torch" "import torch; torch.zeros(1).cuda()"; do
+    timeout 120 python3 -c "$load
+$probe" >/dev/null 2>&1; echo "rc=$? after the model: $probe"
+  done;;
 bench)
   shift; env_setup
   export MYTHIC_ENGINE__N_GPU_LAYERS=${MYTHIC_ENGINE__N_GPU_LAYERS:--1}
