@@ -104,8 +104,10 @@ def keep_busy(http: str, cpus: list[int] | None, stop: Any) -> None:
             if stop.is_set():
                 return
             npc = ("marla", "bran", "father_anselm")[n % 3]
-            with contextlib.suppress(httpx.HTTPError):
+            try:
                 client.post(f"/v1/npcs/{npc}/say", json={"text": BUSY_LINES[n % 3]})
+            except httpx.HTTPError:
+                time.sleep(0.5)  # the server going away: no tight loop
 
 
 @contextlib.contextmanager
@@ -167,6 +169,8 @@ def run_row(
         "bronze_cadence": s.bronze_cadence,
         "gc": gc,
         "gc_collections": run.collections,
+        "gc_between_frames_s": run.gc_s,
+        "gc_late_frames": run.gc_late,
         "traffic": client or "off",
         "frames": len(run.frame_s),
         "frame_ms": latency(run.frame_s, 1000),

@@ -21,7 +21,8 @@ env_setup() {
 case ${1:-} in
 build)
   tar xzf "$2/llama_trim.tar.gz" -C "$WORK"
-  NVCC=$(nvcc_path); export CUDACXX=$NVCC PATH=$(dirname "$NVCC"):$PATH
+  NVCC=$(nvcc_path); [ -n "$NVCC" ] || { echo "no nvcc: CUDA's compiler is needed"; exit 3; }
+  export CUDACXX=$NVCC PATH=$(dirname "$NVCC"):$PATH
   args="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DGGML_CUDA_NCCL=OFF"
   args="$args -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
   args="$args -DLLAMA_BUILD_TOOLS=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON"
@@ -29,7 +30,7 @@ build)
   date +%s > "$WORK/build.start"
   (cd "$WORK/trim" && setsid nohup env CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
     python3 -m pip wheel --no-deps --no-build-isolation --no-cache-dir -v -w "$WORK/wheel" . \
-    > "$WORK/build.log" 2>&1 < /dev/null &)
+    > "$WORK/build.log" 2>&1 < /dev/null & echo $! > "$WORK/build.pid")
   echo "building (log: $WORK/build.log)";;
 stage)
   cp "$2"/part* "$WORK/parts/" 2>/dev/null
@@ -39,10 +40,9 @@ stage)
   grep -oE '^\s*\[[0-9]+/[0-9]+\]' "$WORK/build.log" 2>/dev/null | tail -1;;
 install)
   "$0" stage "$2"
-  until ls "$WORK"/wheel/llama_cpp_python-*.whl >/dev/null 2>&1; do
-    pgrep -f 'pip wheel' >/dev/null || { tail -20 "$WORK/build.log"; echo "the build stopped"; exit 3; }
-    sleep 3
-  done
+  while kill -0 "$(cat "$WORK/build.pid")" 2>/dev/null; do sleep 3; done  # the build's end
+  ls "$WORK"/wheel/llama_cpp_python-*.whl >/dev/null 2>&1 \
+    || { tail -20 "$WORK/build.log"; echo "the build failed"; exit 3; }
   echo "built in $(( $(date +%s) - $(cat "$WORK/build.start") )) s"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "$WORK"/house/*.whl "$WORK"/wheel/*.whl || exit 4

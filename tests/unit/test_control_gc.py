@@ -47,24 +47,41 @@ def test_no_collection_inside_frames_the_due_one_between_them(thresholds: None) 
     assert gc.isenabled() == enabled and gc.get_freeze_count() == 0
 
 
-def test_older_generations_come_due_as_pythons_own_would(thresholds: None) -> None:
+def test_older_generations_come_due_by_cpythons_counts(thresholds: None) -> None:
     with SlackGC() as slack:
         generations = []
-        for _ in range(12):
+        for _ in range(16):
             allocate(150)
             generations.append(slack.collect())
-    # Three young collections, then the middle one; two of those, then the oldest.
-    assert generations == [0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 2]
-    assert slack.collections == [9, 2, 1]
+    # As CPython counts: a generation is due once its count is above its threshold, the
+    # oldest first: four young collections, then the middle one; three of those, then the
+    # oldest at the next allocation past the young threshold.
+    assert generations == [0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 2]
+    assert slack.collections == [12, 3, 1]
 
 
-def test_with_no_slack_it_waits_until_far_behind(thresholds: None) -> None:
+def test_it_waits_for_slack_that_fits_until_far_behind(thresholds: None) -> None:
     with SlackGC(freeze=False) as slack:
         allocate(150)
-        assert slack.collect(slack=False) is None  # the frame ran late: not now
+        assert slack.collect(0.0) == 0  # the first of a generation runs in any slack
+        assert slack.cost_s[0] > 0.0
+        allocate(150)
+        assert slack.collect(0.0) is None  # it took longer than this: the frame comes first
+        assert slack.collect(1.0) == 0
         allocate(1000)
-        assert slack.collect(slack=False) == 0  # ... but never without bound
+        assert slack.collect(0.0) == 0  # ... but never without bound
     assert slack.collect() is None  # outside its block it does nothing
+
+
+def test_a_heap_the_game_froze_stays_frozen() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with SlackGC():
+            pass
+        assert gc.get_freeze_count() >= frozen
+    finally:
+        gc.unfreeze()
 
 
 def test_it_gives_back_a_collector_that_was_off() -> None:

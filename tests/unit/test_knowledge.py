@@ -254,7 +254,8 @@ def test_bm25_keeps_jax_on_the_cpu_unless_told(
     # bm25s runs a JAX operation at import when JAX is installed: on a GPU machine that
     # started JAX on the GPU beside the model (and crashed a CUDA llama.cpp server).
     world = load_world(make_world(tmp_path / "w", {"marla.yaml": GOOD_CARD}, LORE))
-    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setenv("JAX_PLATFORMS", "")  # so that monkeypatch puts back what was there
+    monkeypatch.delenv("JAX_PLATFORMS")
     Knowledge(world, bm25(tmp_path))
     assert os.environ["JAX_PLATFORMS"] == "cpu"
     monkeypatch.setenv("JAX_PLATFORMS", "cuda")  # a game that wants JAX on its GPU says so

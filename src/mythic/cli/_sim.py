@@ -416,6 +416,10 @@ class SimRun:
     applied_before: int = 0
     collections: list[int] | None = None
     """Garbage collections run between frames, by generation (None: Python ran its own)."""
+    gc_s: float = 0.0
+    """Seconds those collections took, between frames."""
+    gc_late: int = 0
+    """Frames that started late because a collection ran past their start."""
 
     @property
     def over_budget(self) -> int:
@@ -525,8 +529,12 @@ def _paced_frames(
                     controller.interacted(partner, now)
                     last_partner = partner
         next_frame += period
-        if collector is not None:  # in the slack before the next frame, when there is some
-            collector.collect(slack=next_frame > clock())
+        if collector is not None:  # in the slack before the next frame, where it fits
+            before = clock()
+            if collector.collect(next_frame - before) is not None:
+                after = clock()
+                run.gc_s += after - before
+                run.gc_late += after > next_frame > before
         pause = next_frame - clock()
         if pause > 0:
             time.sleep(pause)
