@@ -225,10 +225,11 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "hit_rate": median_or_none([g["hit_rate"] for g in group]),
             }
         )
-    off = {(r["npcs"], r["cores"], r["bronze"], r["gc"]): r for r in rows if r["traffic"] == "off"}
-    busy = {
-        (r["npcs"], r["cores"], r["bronze"], r["gc"]): r for r in rows if r["traffic"] == "busy"
-    }
+    # The baselines by (size, cores, bronze spec, collection): no traffic, and the model busy.
+    baselines: dict[str, dict[tuple[int, str, str, str], dict[str, Any]]] = {"off": {}, "busy": {}}
+    for r in rows:
+        if r["traffic"] in baselines:
+            baselines[r["traffic"]][(r["npcs"], r["cores"], r["bronze"], r["gc"])] = r
     first = (runs[0]["bronze"], runs[0]["gc"]) if runs else None
     same = {
         (r["npcs"], r["cores"], r["traffic"]): r for r in rows if (r["bronze"], r["gc"]) == first
@@ -238,13 +239,14 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         r["x_over"] = (
             ratio(max(r["over_budget"], 1), max(before["over_budget"], 1)) if before else None
         )
-        base = off.get((r["npcs"], r["cores"], r["bronze"], r["gc"]))
+        key = (r["npcs"], r["cores"], r["bronze"], r["gc"])
+        base = baselines["off"].get(key)
         on = r["traffic"] != "off"
         r["over_by_model"] = (
             max(0, r["over_budget"] - base["over_budget"]) if on and base is not None else 0
         )
         r["x_p99"] = ratio(r["frame_ms"]["p99"], base["frame_ms"]["p99"]) if base else None
-        loaded = busy.get((r["npcs"], r["cores"], r["bronze"], r["gc"]))
+        loaded = baselines["busy"].get(key)
         r["over_vs_busy"] = (
             max(0, r["over_budget"] - loaded["over_budget"])
             if loaded is not None and r["traffic"] in ("thread", "process")
@@ -296,7 +298,7 @@ def main() -> None:
     for name in args.clients.split(","):
         if name not in ("thread", "process", "busy"):
             parser.error(f"--clients: {name!r} is not thread, process or busy")
-        clients.append("thread" if name == "thread" else "process" if name == "process" else "busy")
+        clients.append(name)  # type: ignore[arg-type]  # one of the three, checked above
     placements: list[tuple[CoreSplit | None, bool]] = []
     for name in args.cores.split(","):
         if name == "shared":

@@ -2,9 +2,9 @@
 
 A collection runs when enough objects were allocated, in whatever code allocates the next
 one: inside a frame, that frame pays for it. With the model's answers arriving (each one a few
-objects), the `mythic sim` region at 1,000 NPCs met a generation-1 collection about every
-13 s, 1.2-1.3 ms inside the frame that read or sent an intent; on top of a slow frame, that
-is a frame over budget. `SlackGC` turns automatic collection off and runs the same
+objects), the `mythic sim` region at 1,000 NPCs met a generation-1 collection about 13 s
+into each run, 1.2-1.3 ms inside the frame that read or sent an intent; on top of a slow
+frame, that is a frame over budget. `SlackGC` turns automatic collection off and runs the same
 collections when the game calls `collect()` between frames, where they fit.
 """
 
