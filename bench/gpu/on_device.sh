@@ -15,7 +15,8 @@ WORK=${WORK:-/tmp/mythic-gpu}; SITE=${SITE:-/tmp/mythic-site}; ROOT=$(cd "$(dirn
 mkdir -p "$WORK/parts" "$WORK/house" "$WORK/wheel"
 nvcc_path() { command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null | head -1; }
 env_setup() {
-  export PATH=$WORK/deb/usr/bin:$PATH LD_LIBRARY_PATH=$WORK/deb/usr/lib/x86_64-linux-gnu
+  export PATH=$WORK/deb/usr/bin:$PATH
+  export LD_LIBRARY_PATH=$WORK/deb/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export PYTHONPATH=$SITE:$ROOT/src HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 }
 case ${1:-} in
@@ -27,23 +28,29 @@ build)
   args="$args -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
   args="$args -DLLAMA_BUILD_TOOLS=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON"
   args="$args -DGGML_FMA=ON -DGGML_F16C=ON"
-  date +%s > "$WORK/build.start"
-  (cd "$WORK/trim" && setsid nohup env CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-    python3 -m pip wheel --no-deps --no-build-isolation --no-cache-dir -v -w "$WORK/wheel" . \
-    > "$WORK/build.log" 2>&1 < /dev/null & echo $! > "$WORK/build.pid")
+  rm -f "$WORK/build.rc"; date +%s > "$WORK/build.start"
+  # The build's end is a file (build.rc, its exit status), not a pid: a later call on the
+  # device machine may not see this call's processes.
+  cat > "$WORK/build.sh" <<BUILD
+cd "$WORK/trim" && CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip wheel \\
+  --no-deps --no-build-isolation --no-cache-dir -v -w "$WORK/wheel" . > "$WORK/build.log" 2>&1
+echo \$? > "$WORK/build.rc.tmp"; date +%s > "$WORK/build.end"; mv "$WORK/build.rc.tmp" "$WORK/build.rc"
+BUILD
+  setsid nohup bash "$WORK/build.sh" > /dev/null 2>&1 < /dev/null &
   echo "building (log: $WORK/build.log)";;
 stage)
   cp "$2"/part* "$WORK/parts/" 2>/dev/null
   cat "$WORK"/parts/part* > "$WORK/house.tar"
   (cd "$WORK/house" && tar xf ../house.tar 2>/dev/null)
   echo "parts: $(ls "$WORK/parts" | tr '\n' ' ')"
-  grep -oE '^\s*\[[0-9]+/[0-9]+\]' "$WORK/build.log" 2>/dev/null | tail -1;;
+  grep -oE '^\s*\[[0-9]+/[0-9]+\]' "$WORK/build.log" 2>/dev/null | tail -1
+  [ -e "$WORK/build.rc" ] && echo "build done: rc $(cat "$WORK/build.rc")";;
 install)
   "$0" stage "$2"
-  while kill -0 "$(cat "$WORK/build.pid")" 2>/dev/null; do sleep 3; done  # the build's end
-  ls "$WORK"/wheel/llama_cpp_python-*.whl >/dev/null 2>&1 \
-    || { tail -20 "$WORK/build.log"; echo "the build failed"; exit 3; }
-  echo "built in $(( $(date +%s) - $(cat "$WORK/build.start") )) s"
+  for _ in $(seq 400); do [ -e "$WORK/build.rc" ] && break; sleep 3; done  # 20 min at most
+  [ "$(cat "$WORK/build.rc" 2>/dev/null)" = 0 ] && ls "$WORK"/wheel/llama_cpp_python-*.whl >/dev/null 2>&1 \
+    || { tail -c 3000 "$WORK/build.log"; echo "the build failed or is not done"; exit 3; }
+  echo "built in $(( $(cat "$WORK/build.end") - $(cat "$WORK/build.start") )) s"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "$WORK"/house/*.whl "$WORK"/wheel/*.whl || exit 4
   python3 -m zipfile -e "$WORK/house/piper_trim.zip" "$SITE"
@@ -62,9 +69,17 @@ b = load_backend('smollm2-135m-instruct', EngineSettings(n_gpu_layers=-1))"
 $probe" >/dev/null 2>&1; echo "rc=$? after the model: $probe"
   done;;
 bench)
+  # BENCH_LIMIT_S (default 420): past it, the server gets SIGABRT, so that the fault handler
+  # writes every thread's stack to its log (--server-log), and the bench is stopped. Lore by
+  # BM25 alone: the MiniLM embedder's packages are not in the wheelhouse.
   shift; env_setup
   export MYTHIC_ENGINE__N_GPU_LAYERS=${MYTHIC_ENGINE__N_GPU_LAYERS:--1}
-  python3 "$ROOT/bench/voice.py" "$@";;
+  export MYTHIC_KNOWLEDGE__RETRIEVAL=${MYTHIC_KNOWLEDGE__RETRIEVAL:-bm25}
+  python3 "$ROOT/bench/voice.py" "$@" & pid=$!
+  (sleep "${BENCH_LIMIT_S:-420}"; kill -0 "$pid" 2>/dev/null || exit 0
+   echo "past ${BENCH_LIMIT_S:-420} s: SIGABRT to the server for its stacks"
+   pkill -ABRT -f "mythic serve"; sleep 3; kill "$pid") & watchdog=$!
+  wait "$pid"; rc=$?; kill "$watchdog" 2>/dev/null; exit "$rc";;
 *)
   sed -n 2,12p "$0"; exit 2;;
 esac

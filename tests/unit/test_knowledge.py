@@ -4,8 +4,9 @@ cards and lore), the drop policy, BM25 retrieval, lore files that cannot be used
 from __future__ import annotations
 
 import itertools
-import os
 import string
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -248,19 +249,38 @@ def test_bm25_finds_the_right_document_and_zone(tmp_path: Path) -> None:
     assert packed.lore is not None and "sixth bell" in packed.lore
 
 
-def test_bm25_keeps_jax_on_the_cpu_unless_told(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # bm25s runs a JAX operation at import when JAX is installed: on a GPU machine that
-    # started JAX on the GPU beside the model (and crashed a CUDA llama.cpp server).
-    world = load_world(make_world(tmp_path / "w", {"marla.yaml": GOOD_CARD}, LORE))
-    monkeypatch.setenv("JAX_PLATFORMS", "")  # so that monkeypatch puts back what was there
-    monkeypatch.delenv("JAX_PLATFORMS")
-    Knowledge(world, bm25(tmp_path))
-    assert os.environ["JAX_PLATFORMS"] == "cpu"
-    monkeypatch.setenv("JAX_PLATFORMS", "cuda")  # a game that wants JAX on its GPU says so
-    Knowledge(world, bm25(tmp_path))
-    assert os.environ["JAX_PLATFORMS"] == "cuda"
+def test_bm25_leaves_jax_and_numba_unimported_and_importable(tmp_path: Path) -> None:
+    # bm25s imports JAX and Numba when they are installed and runs a JAX operation at
+    # import: on an H200 that crashed a server with the CUDA llama.cpp loaded, even with JAX
+    # kept on the CPU. Here stand-ins are installed that record their import; a fresh
+    # interpreter builds a BM25 index, scores a query, and only then imports them itself.
+    for name, extra in (("jax", "from . import lax\n"), ("numba", "def njit(f): return f\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(
+            f"import pathlib\npathlib.Path({str(tmp_path / (name + '.imported'))!r}).touch()\n"
+            + extra
+        )
+    (tmp_path / "jax" / "lax.py").write_text("def top_k(x, k): return x, k\n")
+    script = f"""
+import sys
+sys.path.insert(0, {str(tmp_path)!r})
+from pathlib import Path
+from mythic.knowledge._index import _bm25s
+bm25s = _bm25s()
+model = bm25s.BM25()
+model.index([["silver", "crown"], ["copper", "mug"]], show_progress=False)
+assert model.get_scores(["crown"])[0] > 0
+imported = sorted(p.stem for p in Path({str(tmp_path)!r}).glob("*.imported"))
+assert imported == [], imported
+assert not bm25s.selection.JAX_IS_AVAILABLE and not bm25s.NUMBA_AVAILABLE
+import jax, numba  # the game's own imports still work
+assert jax.lax.top_k(1, 1) == (1, 1) and numba.njit(len) is len
+print("ok")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def test_yaml_lore_and_unusable_files_are_skipped_with_their_name(tmp_path: Path) -> None:

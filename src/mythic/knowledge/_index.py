@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -30,18 +31,33 @@ log = logging.getLogger(__name__)
 Mode = Literal["hybrid", "bm25", "dense", "off"]
 
 
-def _bm25s() -> Any:
-    """Import `bm25s` with JAX, if installed, kept on the CPU.
+_BM25S_OPTIONAL = ("jax", "numba")
+"""Accelerators bm25s imports when they are installed, and Mythic never calls."""
 
-    bm25s imports JAX when it is installed and runs a JAX operation at import, which starts
-    JAX's default backend: on a CUDA machine the GPU, where JAX takes 75% of the memory by
-    default, in the server process beside the model. With a CUDA build of llama.cpp already
-    loaded, that import crashed the server (seen on an H200). Scores here come from numpy
-    (`get_scores`), so JAX has nothing to do on a GPU: `JAX_PLATFORMS=cpu` unless the
-    environment says otherwise (it only counts before JAX's first import).
+
+def _bm25s() -> Any:
+    """Import `bm25s` without the accelerators it would pick up when installed (JAX, Numba).
+
+    bm25s imports JAX when it can and runs a JAX operation at import, which starts JAX's
+    default backend: on a CUDA machine the GPU, where JAX takes 75% of the memory, in the
+    server process beside the model. On an H200 with a CUDA build of llama.cpp loaded, that
+    import crashed the server twice: first starting JAX on the GPU, and, with JAX kept on the
+    CPU (`JAX_PLATFORMS=cpu`), inside JAX's import itself (ml_dtypes). Numba loads LLVM. Scores
+    here come from numpy (`get_scores`), so neither has anything to do: while bm25s is
+    imported, a module the process has not imported yet is marked absent (bm25s falls back on
+    an ImportError), then unmarked, so the game's own `import jax` works as before.
     """
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    return require("bm25s", package="bm25s", extra="rag")
+    if "bm25s" in sys.modules:
+        return sys.modules["bm25s"]
+    absent = [name for name in _BM25S_OPTIONAL if name not in sys.modules]
+    for name in absent:
+        sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        return require("bm25s", package="bm25s", extra="rag")
+    finally:
+        for name in absent:
+            if sys.modules.get(name, ...) is None:
+                del sys.modules[name]
 
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
