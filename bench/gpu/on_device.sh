@@ -63,7 +63,12 @@ check)
   load="from mythic.engine._llamacpp import load_backend; from mythic.config import EngineSettings
 b = load_backend('smollm2-135m-instruct', EngineSettings(n_gpu_layers=-1))"
   vad="from mythic.speech._vad import SileroVAD; SileroVAD().probability(bytes(1024))"
-  for probe in "pass" "import bm25s" "import onnxruntime" "$vad" "import faster_whisper" \
+  # bm25s is imported as Mythic does (without JAX); JAX's own import crashed beside the model
+  # there once, inside ml_dtypes (numpy and ml_dtypes show whether it is JAX or numpy's math).
+  bm25="from mythic.knowledge._index import _bm25s; _bm25s().BM25()"
+  numpy="import numpy as np; np.linalg.svd(np.random.rand(64, 64)); np.finfo(np.float16)"
+  for probe in "pass" "$numpy" "import ml_dtypes" "$bm25" "import bm25s" "import onnxruntime" \
+      "$vad" "import faster_whisper" \
       "import ctranslate2" "import torch" "import torch; torch.zeros(1).cuda()"; do
     timeout 120 python3 -c "$load
 $probe" >/dev/null 2>&1; echo "rc=$? after the model: $probe"
