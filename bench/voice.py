@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _results import fmt, latency, ratio, write_results  # noqa: E402
 from mythic.cli._sim import spawned_server  # noqa: E402
+from mythic.config import DialogueSettings  # noqa: E402
 
 WORLD = ROOT / "examples" / "worlds" / "ravenmoor"
 NPCS = ["marla", "bran", "grisk", "countess_isolde"]
@@ -75,7 +76,9 @@ QUESTIONS = [
     "Is there work for a hunter?",
     "Good evening, how are you?",
 ]
-HOPS = ("asr_final", "first_token", "first_audio")
+HOPS = ("asr_final", "first_token", "first_audio", "token_to_audio")
+"""Times from the end of the player's speech; `token_to_audio`: from the reply's first token
+to its first audio (`dialogue.first_phrase_words` acts there)."""
 
 
 def wer(reference: str, hypothesis: str) -> tuple[int, int]:
@@ -211,6 +214,9 @@ def main() -> None:
             server = asyncio.run(server_hops(address))
         edits = sum(wer(r["question"], r["heard"] or "")[0] for r in rows)
         words = sum(wer(r["question"], "")[1] for r in rows)
+        for r in rows:  # the speaking hop alone: the first phrase's tokens, then its synthesis
+            done = r["first_audio"] is not None and r["first_token"] is not None
+            r["token_to_audio"] = r["first_audio"] - r["first_token"] if done else None
         hops = {h: latency([r[h] for r in rows if r[h] is not None], 1000) for h in HOPS}
         rounds.append(
             {
@@ -227,7 +233,7 @@ def main() -> None:
     base = rounds[0]["client_ms"]
     print("end of speech -> each hop, ms, on the client (server's own trace in brackets)")
     print(
-        f"{'speakers':>8} {'ahead':<6}{'hop':<12}{'p50':>8}{'p95':>8}{'p99':>8}"
+        f"{'speakers':>8} {'ahead':<6}{'hop':<16}{'p50':>8}{'p95':>8}{'p99':>8}"
         f"{'server p50':>12}{'x p50':>7}"
     )
     for r in rounds:
@@ -235,7 +241,7 @@ def main() -> None:
             ms = r["client_ms"][hop]
             own = r["server_ms"].get(hop, {}).get("p50")
             print(
-                f"{r['speakers']:>8} {'on' if r['ahead'] else 'off':<6}{hop:<12}"
+                f"{r['speakers']:>8} {'on' if r['ahead'] else 'off':<6}{hop:<16}"
                 f"{fmt(ms['p50'], '.0f'):>8}{fmt(ms['p95'], '.0f'):>8}"
                 f"{fmt(ms['p99'], '.0f'):>8}{fmt(own, '.0f'):>12}"
                 f"{fmt(ratio(ms['p50'], base[hop]['p50']), '.2f'):>7}"
@@ -250,6 +256,12 @@ def main() -> None:
         engine_device=os.environ.get("MYTHIC_ENGINE__DEVICE", "cpu"),
         engine_gpu_layers=int(os.environ.get("MYTHIC_ENGINE__N_GPU_LAYERS", "0")),
         knowledge_retrieval=os.environ.get("MYTHIC_KNOWLEDGE__RETRIEVAL", "hybrid"),
+        first_phrase_words=int(
+            os.environ.get(
+                "MYTHIC_DIALOGUE__FIRST_PHRASE_WORDS",
+                DialogueSettings.model_fields["first_phrase_words"].default,
+            )
+        ),
         asr_window_s=args.asr_window_s or 30.0,
         dialogue_model=args.model or "default (engine.dialogue_model)",
         decide=not args.no_decide,

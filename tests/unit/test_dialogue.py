@@ -169,6 +169,50 @@ def test_the_first_phrase_goes_at_its_first_clause_or_sentence() -> None:
     ]
 
 
+def test_a_long_first_sentence_is_cut_after_first_words_where_a_phrase_can_end() -> None:
+    text = "Aye the tavern is open tonight and every night until the sixth bell rings. Come "
+    # Streamed token by token: nothing goes out while a word may still be growing.
+    buffer = PhraseBuffer(first_words=6)
+    out: list[str] = []
+    sent_at = None
+    for i in range(0, len(text), 2):
+        out += buffer.push(text[i : i + 2], i * 0.001)
+        sent_at = sent_at if sent_at is not None or not out else i + 2
+    # It goes once the word after the six is whole (the space after it arrived), not before.
+    whole = len("Aye the tavern is open tonight and ")
+    assert sent_at is not None and whole <= sent_at < whole + 2
+    assert out[0] == "Aye the tavern is open tonight"  # before "and", not after it
+    assert out[1:] == []  # the rest is a later phrase: it waits min_s as before
+    assert buffer.flush() == "and every night until the sixth bell rings. Come"
+    # No clause-opening word: the phrase ends after a word it can end on, never on "the".
+    buffer = PhraseBuffer(first_words=6)
+    assert buffer.push("The old mill stands beyond the broad river ", 0.0) == [
+        "The old mill stands beyond"
+    ]
+    assert buffer.push("of Ravenmoor. ", 0.05) == []  # later phrases wait as before
+    assert buffer.flush() == "the broad river of Ravenmoor."
+    # Nothing a phrase can end on: cut at first_words words anyway.
+    buffer = PhraseBuffer(first_words=3)
+    assert buffer.push("in the of the a ", 0.0) == ["in the of"]
+    # A comma or full stop within the words wins, as before; a one-word clause does not.
+    assert PhraseBuffer(first_words=6).push("The old mill, past the river bend and ", 0.0) == [
+        "The old mill,"
+    ]
+    assert PhraseBuffer(first_words=6).push("Listen, the marsh at night is no place ", 0.0) == [
+        "Listen, the marsh at night"
+    ]
+    # Off (0): the first phrase waits for its first boundary.
+    buffer = PhraseBuffer(first_words=0)
+    assert buffer.push("Aye the tavern is open tonight and every night until ", 0.0) == []
+    # Only the first phrase is cut by words; the text comes out whole and in order.
+    words = "one two three four five six seven eight nine ten eleven twelve"
+    phrases = _feed(PhraseBuffer(first_words=4), [(words + " ", 0.0), (words + ".", 0.1)])
+    assert phrases[0] == "one two three four"
+    assert " ".join(phrases).split() == (words + " " + words + ".").split()
+    with pytest.raises(ValueError, match="first_words"):
+        PhraseBuffer(first_words=2)
+
+
 def test_sentences_are_held_for_min_s_and_coalesced_two_at_most() -> None:
     buffer = PhraseBuffer(min_s=0.2, max_s=0.4, eager_first=False)
     assert buffer.push("The tavern opens at the sixth bell. ", 0.00) == []

@@ -189,6 +189,14 @@ class DialogueSettings(_Section):
     phrase_max_s: float = Field(default=0.4, ge=0, le=5)
     """Reply text buffered before a clause is handed to speech synthesis."""
 
+    first_phrase_words: int = Field(default=6, ge=0, le=64)
+    """A reply's first sentence, when it runs past this many words before a comma or a full
+    stop, is handed to speech synthesis in two: its first words (at most this many, cut
+    before a word like "and" or "where", or after one a phrase can end on), then the rest.
+    The player hears the NPC as soon as those words are synthesised: Piper takes about 130 ms
+    for 6 words and 330 ms for 18 on one core, and the model need not generate the whole
+    sentence first. 0 waits for the first comma or full stop; else at least 3."""
+
     prefill_while_speaking: bool = True
     """While the player is still speaking, compute the reply's prompt from their partial
     transcript: the session's memory, the lore retrieved for the words so far, and the KV of
@@ -210,6 +218,14 @@ class DialogueSettings(_Section):
     (4 characters each), most relevant first: every one of them is evaluated after the player
     stops speaking. A prompt is prepared with room for them and the line. The later partials
     of a line extend the prepared prompt by up to this many tokens too, all together."""
+
+    @model_validator(mode="after")
+    def _first_phrase_words_zero_or_three(self) -> DialogueSettings:
+        if 0 < self.first_phrase_words < 3:
+            raise ValueError(
+                f"first_phrase_words ({self.first_phrase_words}) must be 0 (off) or at least 3"
+            )
+        return self
 
 
 class ServerSettings(_Section):

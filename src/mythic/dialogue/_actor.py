@@ -1164,7 +1164,11 @@ class _TurnOutput:
         self._segment_open = False
         self._closed = False
         dialogue = actor.cast.settings.dialogue
-        self._phrases = PhraseBuffer(min_s=dialogue.phrase_min_s, max_s=dialogue.phrase_max_s)
+        self._phrases = PhraseBuffer(
+            min_s=dialogue.phrase_min_s,
+            max_s=dialogue.phrase_max_s,
+            first_words=dialogue.first_phrase_words,
+        )
         self._max_sentences = dialogue.spoken_max_sentences if line.spoken else 0
         self.capped = False
         """The reply has said its `spoken_max_sentences`: the turn stops generating."""

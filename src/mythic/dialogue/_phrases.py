@@ -7,6 +7,25 @@ import re
 
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*(?=\s)")
 _CLAUSE_END = re.compile(r"[,;:\u2014\u2013]+(?=\s)")
+_WORD = re.compile(r"\S+")
+# Where a long first sentence is cut (`first_words`): before a word that opens a clause, or
+# else after a word a sentence can stop on (not an article, a preposition, a conjunction or
+# an auxiliary), so that the first phrase still sounds like a phrase. English, like the ASR.
+# fmt: off
+_OPENS_CLAUSE = frozenset([
+    "and", "but", "or", "so", "because", "where", "when", "which", "who", "whom", "whose",
+    "that", "while", "if", "though", "although", "unless", "until", "since", "before", "after",
+    "then", "as",
+])
+_NO_END = frozenset([
+    "a", "an", "the", "of", "to", "in", "on", "at", "by", "for", "from", "with", "into", "onto",
+    "over", "under", "about", "and", "but", "or", "nor", "so", "my", "your", "his", "her", "its",
+    "our", "their", "this", "that", "these", "those", "is", "are", "was", "were", "be", "been",
+    "am", "has", "have", "had", "do", "does", "did", "will", "would", "shall", "should", "can",
+    "could", "may", "might", "must", "not", "no", "very",
+])
+# fmt: on
+_FIRST_MIN_WORDS = 3
 
 
 def sentences_end(text: str, count: int) -> int | None:
@@ -27,7 +46,11 @@ class PhraseBuffer:
     boundary once `max_s` has; one to two sentences are coalesced. The reply's first phrase
     goes out at its first sentence or clause boundary (`eager_first`), so the NPC starts
     speaking as soon as it can say something whole: the player waits for the first audio,
-    not for the later ones, which synthesis keeps ahead of playback. A very short first
+    not for the later ones, which synthesis keeps ahead of playback. A first sentence that
+    runs past `first_words` words with no such boundary is cut there (0: never), at a word
+    where a phrase can end (`_first_words_cut`): synthesis of a whole 18-word sentence takes
+    Piper about 2.5 times as long as 6 words, and the model generates three times the tokens
+    before it can start. A very short first
     sentence ("Mm-hm.") goes out at once so a backchannel is not held back. `flush` returns
     the rest at the end of the reply. Time is passed in (`now`, seconds) so the buffer stays
     I/O-free and testable.
@@ -41,7 +64,11 @@ class PhraseBuffer:
         max_chars: int = 240,
         short_words: int = 3,
         eager_first: bool = True,
+        first_words: int = 0,
     ) -> None:
+        if first_words < 0 or (first_words and first_words < _FIRST_MIN_WORDS):
+            raise ValueError(f"first_words must be 0 (off) or at least {_FIRST_MIN_WORDS}")
+        self.first_words = first_words
         self.min_s = min_s
         self.eager_first = eager_first
         self.max_s = max_s
@@ -72,6 +99,25 @@ class PhraseBuffer:
         rest, self._text, self._since, self._emitted = self._text.strip(), "", None, 0
         return rest or None
 
+    def _first_words_cut(self) -> int | None:
+        """Where a first sentence longer than `first_words` words, with no boundary yet, is
+        cut: once the word after them is complete (the stream may be inside a word), before
+        the last clause-opening word among words 3 to `first_words`, else after the last
+        word a phrase can end on, else after `first_words` words. None before that."""
+        # A word is complete when whitespace follows it.
+        words = [m for m in _WORD.finditer(self._text) if m.end() < len(self._text)]
+        if len(words) <= self.first_words:
+            return None
+        bare = [m.group().strip("\"'()[]").lower() for m in words]
+        spans = range(self.first_words, _FIRST_MIN_WORDS - 1, -1)  # words in the phrase
+        for n in spans:
+            if bare[n] in _OPENS_CLAUSE:
+                return words[n].start()
+        for n in spans:
+            if bare[n - 1] not in _NO_END:
+                return words[n].start()
+        return words[self.first_words].start()
+
     def _cut(self, now: float) -> int | None:
         """Where the next phrase ends, or None to keep buffering."""
         if not self._text or self._since is None:
@@ -82,6 +128,10 @@ class PhraseBuffer:
             for end in sorted(m.end() for found in ends for m in found):
                 if len(self._text[:end].split()) >= 2:  # "Well," alone is no phrase
                     return end
+            if self.first_words:
+                cut = self._first_words_cut()
+                if cut is not None:
+                    return cut
         sentences = [m.end() for m in _SENTENCE_END.finditer(self._text)]
         if sentences:
             first = self._text[: sentences[0]]
