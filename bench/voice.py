@@ -30,7 +30,7 @@ Writes bench/results/voice.json (or `--out`).
 
     .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1] [--model NAME] [--no-decide]
                                     [--baseline] [--asr-window-s S] [--server-log PATH]
-                                    [--out PATH]
+                                    [--first-phrase-words 0,6] [--out PATH]
 """
 
 from __future__ import annotations
@@ -175,6 +175,12 @@ def main() -> None:
         "--out", type=Path, default=ROOT / "bench" / "results" / "voice.json", help="results"
     )
     parser.add_argument(
+        "--first-phrase-words",
+        default=None,
+        help="rounds with each of these dialogue.first_phrase_words, e.g. 0,6 (default: the "
+        "setting's value only); the ratio is against the first",
+    )
+    parser.add_argument(
         "--server-log",
         type=Path,
         default=None,
@@ -189,10 +195,18 @@ def main() -> None:
     counts = [int(n) for n in args.speakers.split(",")]
     audio = asyncio.run(synthesise())
     rounds: list[dict[str, Any]] = []
-    plan = [(count, True) for count in counts]
+    default_words = int(
+        os.environ.get(
+            "MYTHIC_DIALOGUE__FIRST_PHRASE_WORDS",
+            DialogueSettings.model_fields["first_phrase_words"].default,
+        )
+    )
+    words = [int(w) for w in args.first_phrase_words.split(",")] if args.first_phrase_words else []
+    plan = [(count, True, w) for count in counts for w in words or [default_words]]
     if args.baseline:
-        plan.insert(0, (counts[0], False))
-    for count, ahead in plan:
+        plan.insert(0, (counts[0], False, plan[0][2]))
+    for count, ahead, first_words in plan:
+        os.environ["MYTHIC_DIALOGUE__FIRST_PHRASE_WORDS"] = str(first_words)
         # A fresh server per round, so /metrics holds that round's traces only.
         os.environ["MYTHIC_DIALOGUE__PREFILL_WHILE_SPEAKING"] = "true" if ahead else "false"
         os.environ["MYTHIC_SPEECH__EARLY_FINAL_MS"] = "128" if ahead else "0"
@@ -222,6 +236,7 @@ def main() -> None:
             {
                 "speakers": count,
                 "ahead": ahead,
+                "first_phrase_words": first_words,
                 "utterances": len(rows),
                 "answered": sum(1 for r in rows if r["first_audio"] is not None),
                 "client_ms": hops,
@@ -233,7 +248,7 @@ def main() -> None:
     base = rounds[0]["client_ms"]
     print("end of speech -> each hop, ms, on the client (server's own trace in brackets)")
     print(
-        f"{'speakers':>8} {'ahead':<6}{'hop':<16}{'p50':>8}{'p95':>8}{'p99':>8}"
+        f"{'speakers':>8} {'ahead':<6}{'words':>5} {'hop':<16}{'p50':>8}{'p95':>8}{'p99':>8}"
         f"{'server p50':>12}{'x p50':>7}"
     )
     for r in rounds:
@@ -241,7 +256,8 @@ def main() -> None:
             ms = r["client_ms"][hop]
             own = r["server_ms"].get(hop, {}).get("p50")
             print(
-                f"{r['speakers']:>8} {'on' if r['ahead'] else 'off':<6}{hop:<16}"
+                f"{r['speakers']:>8} {'on' if r['ahead'] else 'off':<6}"
+                f"{r['first_phrase_words']:>5} {hop:<16}"
                 f"{fmt(ms['p50'], '.0f'):>8}{fmt(ms['p95'], '.0f'):>8}"
                 f"{fmt(ms['p99'], '.0f'):>8}{fmt(own, '.0f'):>12}"
                 f"{fmt(ratio(ms['p50'], base[hop]['p50']), '.2f'):>7}"
@@ -256,12 +272,6 @@ def main() -> None:
         engine_device=os.environ.get("MYTHIC_ENGINE__DEVICE", "cpu"),
         engine_gpu_layers=int(os.environ.get("MYTHIC_ENGINE__N_GPU_LAYERS", "0")),
         knowledge_retrieval=os.environ.get("MYTHIC_KNOWLEDGE__RETRIEVAL", "hybrid"),
-        first_phrase_words=int(
-            os.environ.get(
-                "MYTHIC_DIALOGUE__FIRST_PHRASE_WORDS",
-                DialogueSettings.model_fields["first_phrase_words"].default,
-            )
-        ),
         asr_window_s=args.asr_window_s or 30.0,
         dialogue_model=args.model or "default (engine.dialogue_model)",
         decide=not args.no_decide,
