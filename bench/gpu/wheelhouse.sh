@@ -6,11 +6,11 @@
 # (Piper's 22.05 kHz to the session's rate, voice effects). Then one tar, split into parts of
 # PART_MIB for transfers with a size limit.
 #
-#     bench/gpu/wheelhouse.sh [OUT_DIR] [PART_MIB]      (default: .gpu-house 59)
+#     bench/gpu/wheelhouse.sh [OUT_DIR] [PART_MIB]      (default: .gpu-house 55)
 #
 # On the GPU machine: bench/gpu/on_device.sh (it says how).
 set -euo pipefail
-OUT=${1:-.gpu-house}; PART_MIB=${2:-59}
+OUT=${1:-.gpu-house}; PART_MIB=${2:-55}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 LLAMA=$(sed -n 's/^llama-cpp-python==//p' "$ROOT/constraints.txt")
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
