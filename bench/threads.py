@@ -69,8 +69,9 @@ def probe(path: str, threads: int, busy: int, runs: int) -> dict[str, Any]:
             capture_output=True,
             text=True,
             timeout=1800,
-            check=True,
         )
+        if out.returncode:
+            raise SystemExit(f"the probe failed ({out.returncode}):\n{out.stderr[-2000:]}")
     finally:
         for spinner in spinners:
             spinner.kill()
@@ -87,7 +88,7 @@ def main() -> None:
     args = parser.parse_args()
     path = str(ModelStore(load_settings().engine.models_dir).resolve(MODEL).path)
     counts = [int(n) for n in args.threads.split(",")]
-    rows = [probe(path, n, busy, args.runs) for busy in (0, args.busy) for n in counts]
+    rows = [probe(path, n, busy, args.runs) for busy in sorted({0, args.busy}) for n in counts]
     base = rows[0]
     print(f"SmolLM2 on {os.cpu_count()} cores, medians of {args.runs}")
     print(f"{'threads':>7} {'busy':>4} {'prompt tok/s':>13} {'x':>6} {'ms/token':>9} {'x':>6}")

@@ -44,10 +44,12 @@ stage)
   (cd "$WORK/house" && tar xf ../house.tar 2>/dev/null)
   echo "parts: $(ls "$WORK/parts" | tr '\n' ' ')"
   grep -oE '^\s*\[[0-9]+/[0-9]+\]' "$WORK/build.log" 2>/dev/null | tail -1
-  [ -e "$WORK/build.rc" ] && echo "build done: rc $(cat "$WORK/build.rc")";;
+  if [ -e "$WORK/build.rc" ]; then echo "build done: rc $(cat "$WORK/build.rc")"; fi;;
 install)
   "$0" stage "$2"
-  for _ in $(seq 400); do [ -e "$WORK/build.rc" ] && break; sleep 3; done  # 20 min at most
+  [ -e "$WORK/build.start" ] || { echo "no build started: run build first"; exit 3; }
+  # 9 min at most, inside a call's 10; a build still going is waited for by a next install.
+  for _ in $(seq 180); do [ -e "$WORK/build.rc" ] && break; sleep 3; done
   [ "$(cat "$WORK/build.rc" 2>/dev/null)" = 0 ] && ls "$WORK"/wheel/llama_cpp_python-*.whl >/dev/null 2>&1 \
     || { tail -c 3000 "$WORK/build.log"; echo "the build failed or is not done"; exit 3; }
   echo "built in $(( $(cat "$WORK/build.end") - $(cat "$WORK/build.start") )) s"
@@ -84,7 +86,9 @@ bench)
   (sleep "${BENCH_LIMIT_S:-420}"; kill -0 "$pid" 2>/dev/null || exit 0
    echo "past ${BENCH_LIMIT_S:-420} s: SIGABRT to the server for its stacks"
    pkill -ABRT -f "mythic serve"; sleep 3; kill "$pid") & watchdog=$!
-  wait "$pid"; rc=$?; kill "$watchdog" 2>/dev/null; exit "$rc";;
+  # The watchdog's sleep goes with it: it holds this script's output open.
+  wait "$pid"; rc=$?; pkill -P "$watchdog" 2>/dev/null; kill "$watchdog" 2>/dev/null
+  exit "$rc";;
 *)
   sed -n 2,12p "$0"; exit 2;;
 esac

@@ -56,8 +56,8 @@ def test_explicit_file_and_mythic_config(
         ("- 1\n- 2\n", "expected a mapping"),
         ("just text\n", "expected a mapping"),
         ("engine: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
-        ("dialogue:\n  first_phrase_words: 2\n", "first_phrase_words"),
-        ("dialogue:\n  first_phrase_words: -1\n", "dialogue.first_phrase_words"),
+        ("dialogue:\n  first_phrase_words: 2\n", r"dialogue\.first_phrase_words.*at least 3"),
+        ("dialogue:\n  first_phrase_words: -1\n", r"dialogue\.first_phrase_words.*greater than"),
     ],
 )
 def test_invalid_files_name_the_setting(no_config_env: Path, text: str, message: str) -> None:

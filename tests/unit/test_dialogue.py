@@ -201,6 +201,17 @@ def test_a_long_first_sentence_is_cut_after_first_words_where_a_phrase_can_end()
     assert PhraseBuffer(first_words=6).push("Listen, the marsh at night is no place ", 0.0) == [
         "Listen, the marsh at night"
     ]
+    # A whole line pushed at once (a tool's template line) goes whole; a short first
+    # sentence goes alone, as before; quotes and dashes do not hide a clause-opening word.
+    buffer = PhraseBuffer(first_words=6)
+    assert buffer.push("There: follow the mark to The Cathedral Quarter.", 0.0) == []
+    assert buffer.flush() == "There: follow the mark to The Cathedral Quarter."
+    assert PhraseBuffer(first_words=6).push(
+        "Aye. I know the old man who lives by the river ", 0.0
+    ) == ["Aye."]
+    assert PhraseBuffer(first_words=6).push(
+        "I heard the bells ring twice \u201cand then the dead walked ", 0.0
+    ) == ["I heard the bells ring twice"]
     # Off (0): the first phrase waits for its first boundary.
     buffer = PhraseBuffer(first_words=0)
     assert buffer.push("Aye the tavern is open tonight and every night until ", 0.0) == []

@@ -249,6 +249,15 @@ def test_bm25_finds_the_right_document_and_zone(tmp_path: Path) -> None:
     assert packed.lore is not None and "sixth bell" in packed.lore
 
 
+def test_bm25_without_bm25s_is_a_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mythic._errors import MissingExtraError
+    from mythic.knowledge._index import _bm25s
+
+    monkeypatch.setitem(sys.modules, "bm25s", None)  # as if not installed
+    with pytest.raises(MissingExtraError, match="bm25s"):
+        _bm25s()
+
+
 def test_bm25_leaves_jax_and_numba_unimported_and_importable(tmp_path: Path) -> None:
     # bm25s imports JAX and Numba when they are installed and runs a JAX operation at
     # import: on an H200 that crashed a server with the CUDA llama.cpp loaded, even with JAX

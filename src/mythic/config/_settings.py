@@ -6,7 +6,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -219,13 +226,12 @@ class DialogueSettings(_Section):
     stops speaking. A prompt is prepared with room for them and the line. The later partials
     of a line extend the prepared prompt by up to this many tokens too, all together."""
 
-    @model_validator(mode="after")
-    def _first_phrase_words_zero_or_three(self) -> DialogueSettings:
-        if 0 < self.first_phrase_words < 3:
-            raise ValueError(
-                f"first_phrase_words ({self.first_phrase_words}) must be 0 (off) or at least 3"
-            )
-        return self
+    @field_validator("first_phrase_words")
+    @classmethod
+    def _first_phrase_words_zero_or_three(cls, value: int) -> int:
+        if 0 < value < 3:  # PhraseBuffer's minimum: a phrase of 1-2 words says nothing
+            raise ValueError(f"must be 0 (off) or at least 3, not {value}")
+        return value
 
 
 class ServerSettings(_Section):

@@ -13,9 +13,8 @@ _WORD = re.compile(r"\S+")
 # an auxiliary), so that the first phrase still sounds like a phrase. English, like the ASR.
 # fmt: off
 _OPENS_CLAUSE = frozenset([
-    "and", "but", "or", "so", "because", "where", "when", "which", "who", "whom", "whose",
-    "that", "while", "if", "though", "although", "unless", "until", "since", "before", "after",
-    "then", "as",
+    "and", "but", "or", "because", "where", "when", "which", "who", "whom", "whose", "while",
+    "if", "though", "although", "unless", "until", "since", "before", "after", "then",
 ])
 _NO_END = frozenset([
     "a", "an", "the", "of", "to", "in", "on", "at", "by", "for", "from", "with", "into", "onto",
@@ -26,6 +25,8 @@ _NO_END = frozenset([
 ])
 # fmt: on
 _FIRST_MIN_WORDS = 3
+_STRIP = "\"'()[]*\u201c\u201d\u2018\u2019\u2014\u2013-"
+_ENDS_SENTENCE = re.compile(r"[.!?…]+[\"')\]]*\s*$")
 
 
 def sentences_end(text: str, count: int) -> int | None:
@@ -46,8 +47,9 @@ class PhraseBuffer:
     boundary once `max_s` has; one to two sentences are coalesced. The reply's first phrase
     goes out at its first sentence or clause boundary (`eager_first`), so the NPC starts
     speaking as soon as it can say something whole: the player waits for the first audio,
-    not for the later ones, which synthesis keeps ahead of playback. A first sentence that
-    runs past `first_words` words with no such boundary is cut there (0: never), at a word
+    not for the later ones, which synthesis keeps ahead of playback. With `eager_first`, a
+    first sentence that runs past `first_words` words with no such boundary is cut there
+    (0: never; a short first sentence and a whole line pushed at once are not), at a word
     where a phrase can end (`_first_words_cut`): synthesis of a whole 18-word sentence takes
     Piper about 2.5 times as long as 6 words, and the model generates three times the tokens
     before it can start. A very short first
@@ -104,17 +106,19 @@ class PhraseBuffer:
         cut: once the word after them is complete (the stream may be inside a word), before
         the last clause-opening word among words 3 to `first_words`, else after the last
         word a phrase can end on, else after `first_words` words. None before that."""
+        if _ENDS_SENTENCE.search(self._text):
+            return None  # a whole sentence so far (a line pushed at once): it goes whole
         # A word is complete when whitespace follows it.
         words = [m for m in _WORD.finditer(self._text) if m.end() < len(self._text)]
         if len(words) <= self.first_words:
             return None
-        bare = [m.group().strip("\"'()[]").lower() for m in words]
+        bare = [m.group().strip(_STRIP).lower() for m in words]
         spans = range(self.first_words, _FIRST_MIN_WORDS - 1, -1)  # words in the phrase
         for n in spans:
             if bare[n] in _OPENS_CLAUSE:
                 return words[n].start()
         for n in spans:
-            if bare[n - 1] not in _NO_END:
+            if bare[n - 1] and bare[n - 1] not in _NO_END:
                 return words[n].start()
         return words[self.first_words].start()
 
@@ -128,10 +132,6 @@ class PhraseBuffer:
             for end in sorted(m.end() for found in ends for m in found):
                 if len(self._text[:end].split()) >= 2:  # "Well," alone is no phrase
                     return end
-            if self.first_words:
-                cut = self._first_words_cut()
-                if cut is not None:
-                    return cut
         sentences = [m.end() for m in _SENTENCE_END.finditer(self._text)]
         if sentences:
             first = self._text[: sentences[0]]
@@ -140,6 +140,10 @@ class PhraseBuffer:
             if waited >= self.min_s or len(sentences) >= 2:
                 # One or two sentences per phrase, never more.
                 return sentences[min(len(sentences), 2) - 1]
+        if self._emitted == 0 and self.eager_first and self.first_words:
+            cut = self._first_words_cut()
+            if cut is not None:
+                return cut
         if waited >= self.max_s:
             clauses = [m.end() for m in _CLAUSE_END.finditer(self._text)]
             if clauses:

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ Mode = Literal["hybrid", "bm25", "dense", "off"]
 
 _BM25S_OPTIONAL = ("jax", "numba")
 """Accelerators bm25s imports when they are installed, and Mythic never calls."""
+_BM25S_LOCK = threading.Lock()
 
 
 def _bm25s() -> Any:
@@ -45,19 +47,24 @@ def _bm25s() -> Any:
     CPU (`JAX_PLATFORMS=cpu`), inside JAX's import itself (ml_dtypes). Numba loads LLVM. Scores
     here come from numpy (`get_scores`), so neither has anything to do: while bm25s is
     imported, a module the process has not imported yet is marked absent (bm25s falls back on
-    an ImportError), then unmarked, so the game's own `import jax` works as before.
+    an ImportError), then unmarked, so the game's own `import jax` works as before. During
+    that import (once per process, a few hundred ms at the world's first load) another
+    thread's first `import jax` or `import numba` would fail: a game imports them before it
+    starts Mythic, or after.
     """
-    if "bm25s" in sys.modules:
-        return sys.modules["bm25s"]
-    absent = [name for name in _BM25S_OPTIONAL if name not in sys.modules]
-    for name in absent:
-        sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
-    try:
-        return require("bm25s", package="bm25s", extra="rag")
-    finally:
+    with _BM25S_LOCK:  # one import at a time, and never a half-imported module returned
+        module = sys.modules.get("bm25s")
+        if module is not None:
+            return module
+        absent = [name for name in _BM25S_OPTIONAL if name not in sys.modules]
         for name in absent:
-            if sys.modules.get(name, ...) is None:
-                del sys.modules[name]
+            sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
+        try:
+            return require("bm25s", package="bm25s", extra="rag")
+        finally:
+            for name in absent:
+                if name in sys.modules and sys.modules[name] is None:
+                    sys.modules.pop(name, None)
 
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
