@@ -50,12 +50,11 @@ class PhraseBuffer:
     not for the later ones, which synthesis keeps ahead of playback. With `eager_first`, a
     first sentence that runs past `first_words` words with no such boundary is cut there
     (0: never; a short first sentence and a whole line pushed at once are not), at a word
-    where a phrase can end (`_first_words_cut`): synthesis of a whole 18-word sentence takes
-    Piper about 2.5 times as long as 6 words, and the model generates three times the tokens
-    before it can start. A very short first
-    sentence ("Mm-hm.") goes out at once so a backchannel is not held back. `flush` returns
-    the rest at the end of the reply. Time is passed in (`now`, seconds) so the buffer stays
-    I/O-free and testable.
+    where a phrase can end (`_first_words_cut`): Piper took 325 ms for an 18-word sentence
+    and 134 ms for 7 words on one core, and the model generates the whole sentence before
+    synthesis can start. A very short first sentence ("Mm-hm.") goes out at once so a
+    backchannel is not held back. `flush` returns the rest at the end of the reply. Time is
+    passed in (`now`, seconds) so the buffer stays I/O-free and testable.
     """
 
     def __init__(
