@@ -21,6 +21,11 @@ Whisper's whole 30 s window (`speech.asr_window_s`; `--asr-window-s 10` is faste
 less accurate). `--baseline` first runs a round with all of it off (partials in the 30 s
 window too); the ratio column is then against it.
 
+`--spoken-lore all,parts` compares, in one run, a spoken line that waits for all its lore
+(`all`: `dialogue.prepare_step_tokens` 0 and `more_lore_tokens` 4096) with the default
+(`parts`): the lore is evaluated in parts while the player speaks, and the line tells the
+parts finished when they stop plus `more_lore_tokens` more.
+
 The server runs with the environment it is given: `MYTHIC_ENGINE__BACKEND=transformers
 MYTHIC_ENGINE__DEVICE=cuda` runs the model on a GPU with the transformers backend, and
 `MYTHIC_ENGINE__N_GPU_LAYERS=-1` with a CUDA build of llama.cpp; both are recorded in the
@@ -30,7 +35,8 @@ Writes bench/results/voice.json (or `--out`).
 
     .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1] [--model NAME] [--no-decide]
                                     [--baseline] [--asr-window-s S] [--server-log PATH]
-                                    [--first-phrase-words 0,6] [--out PATH]
+                                    [--first-phrase-words 0,6] [--spoken-lore all,parts]
+                                    [--out PATH]
 """
 
 from __future__ import annotations
@@ -76,6 +82,11 @@ QUESTIONS = [
     "Is there work for a hunter?",
     "Good evening, how are you?",
 ]
+SPOKEN_LORE: dict[str, dict[str, str | None]] = {
+    "all": {"PREPARE_STEP_TOKENS": "0", "MORE_LORE_TOKENS": "4096"},
+    "parts": {"PREPARE_STEP_TOKENS": None, "MORE_LORE_TOKENS": None},
+}
+"""`--spoken-lore` rounds: the dialogue settings each sets (None: the setting's default)."""
 HOPS = ("asr_final", "first_token", "first_audio", "token_to_audio")
 """Times from the end of the player's speech; `token_to_audio`: from the reply's first token
 to its first audio (`dialogue.first_phrase_words` acts there)."""
@@ -181,6 +192,14 @@ def main() -> None:
         "setting's value only); the ratio is against the first",
     )
     parser.add_argument(
+        "--spoken-lore",
+        default=None,
+        help="rounds with each of these, e.g. all,parts: `all` has every spoken line wait for "
+        "all its lore (dialogue.prepare_step_tokens 0, more_lore_tokens 4096), `parts` the "
+        "settings' own (the lore prepared while the player speaks, and more_lore_tokens more); "
+        "the ratio is against the first",
+    )
+    parser.add_argument(
         "--server-log",
         type=Path,
         default=None,
@@ -202,11 +221,24 @@ def main() -> None:
         )
     )
     words = [int(w) for w in args.first_phrase_words.split(",")] if args.first_phrase_words else []
-    plan = [(count, True, w) for count in counts for w in words or [default_words]]
+    lores = args.spoken_lore.split(",") if args.spoken_lore else ["parts"]
+    if set(lores) - set(SPOKEN_LORE):
+        parser.error(f"--spoken-lore takes {', '.join(SPOKEN_LORE)}")
+    plan = [
+        (count, True, w, lore)
+        for count in counts
+        for w in words or [default_words]
+        for lore in lores
+    ]
     if args.baseline:
-        plan.insert(0, (counts[0], False, plan[0][2]))
-    for count, ahead, first_words in plan:
+        plan.insert(0, (counts[0], False, *plan[0][2:]))
+    for count, ahead, first_words, lore in plan:
         os.environ["MYTHIC_DIALOGUE__FIRST_PHRASE_WORDS"] = str(first_words)
+        for name, value in SPOKEN_LORE[lore].items():
+            if value is None:
+                os.environ.pop(f"MYTHIC_DIALOGUE__{name}", None)
+            else:
+                os.environ[f"MYTHIC_DIALOGUE__{name}"] = value
         # A fresh server per round, so /metrics holds that round's traces only.
         os.environ["MYTHIC_DIALOGUE__PREFILL_WHILE_SPEAKING"] = "true" if ahead else "false"
         os.environ["MYTHIC_SPEECH__EARLY_FINAL_MS"] = "128" if ahead else "0"
@@ -237,6 +269,7 @@ def main() -> None:
                 "speakers": count,
                 "ahead": ahead,
                 "first_phrase_words": first_words,
+                "spoken_lore": lore,
                 "utterances": len(rows),
                 "answered": sum(1 for r in rows if r["first_audio"] is not None),
                 "client_ms": hops,
@@ -248,8 +281,8 @@ def main() -> None:
     base = rounds[0]["client_ms"]
     print("end of speech -> each hop, ms, on the client (server's own trace in brackets)")
     print(
-        f"{'speakers':>8} {'ahead':<6}{'words':>5} {'hop':<16}{'p50':>8}{'p95':>8}{'p99':>8}"
-        f"{'server p50':>12}{'x p50':>7}"
+        f"{'speakers':>8} {'ahead':<6}{'words':>5} {'lore':<6}{'hop':<16}{'p50':>8}{'p95':>8}"
+        f"{'p99':>8}{'server p50':>12}{'x p50':>7}"
     )
     for r in rounds:
         for hop in HOPS:
@@ -257,7 +290,7 @@ def main() -> None:
             own = r["server_ms"].get(hop, {}).get("p50")
             print(
                 f"{r['speakers']:>8} {'on' if r['ahead'] else 'off':<6}"
-                f"{r['first_phrase_words']:>5} {hop:<16}"
+                f"{r['first_phrase_words']:>5} {r['spoken_lore']:<6}{hop:<16}"
                 f"{fmt(ms['p50'], '.0f'):>8}{fmt(ms['p95'], '.0f'):>8}"
                 f"{fmt(ms['p99'], '.0f'):>8}{fmt(own, '.0f'):>12}"
                 f"{fmt(ratio(ms['p50'], base[hop]['p50']), '.2f'):>7}"

@@ -488,6 +488,45 @@ async def test_gold_preempts_running_steps_and_silver_replies_complete(smollm: E
     assert after.running == 0 and after.kv_cells_reserved == 0
 
 
+def _decoding_past(engine: Engine, request_id: str, tokens: int) -> bool:
+    """Whether the engine's worker is inside a decode call of `request_id` that takes its
+    sequence past `tokens` tokens."""
+    active = engine._active.get(request_id)
+    seq = active.seq if active is not None else None
+    return request_id in engine._decoding and seq is not None and len(seq.tokens) > tokens
+
+
+async def test_cancelling_the_only_request_of_a_running_decode_stops_it(smollm: Engine) -> None:
+    """A cancel that leaves nobody wanting the decode call under way stops that call at once
+    (counted in `cancel_stops`, not as a preemption). The session keeps the KV of the chunks
+    evaluated before it, and a request of the same session submitted right after the cancel
+    (a line replacing a stopped warm-up) starts from them: the cancelled request gives its
+    sequence back before the new one is admitted."""
+    long = " ".join(QUESTIONS) * 4  # several prefill chunks
+    before = smollm.metrics()
+    async with asyncio.timeout(WAIT):
+        for attempt in range(3):  # a cancel can land between two decode calls: try again
+            request = ask(f"stopped-{attempt}", long, 8)
+            stream = smollm.submit(request)
+            while not _decoding_past(smollm, request.request_id, 150):  # noqa: ASYNC110
+                await asyncio.sleep(0.001)  # the worker's state: no event to wait on
+            stream.cancel()
+            again = smollm.submit(ask(f"stopped-{attempt}", long, 8))  # the same step
+            stopped = await stream.collect()
+            assert stopped.finish_reason == "cancelled"
+            cached = smollm.metrics().cached_prompt_tokens
+            completion = await again.collect()
+            if smollm.metrics().cancel_stops > before.cancel_stops:
+                break
+    after = smollm.metrics()
+    assert after.cancel_stops > before.cancel_stops
+    assert after.preemptions == before.preemptions
+    assert completion.finish_reason in {"stop", "length"} and completion.text.strip()
+    # The chunks before the one stopped (past the system prompt any session shares).
+    assert after.cached_prompt_tokens - cached >= 150 - 64
+    assert after.running == 0 and after.kv_cells_reserved == 0
+
+
 def test_interrupted_batched_decodes_are_redone_exactly(settings: MythicSettings) -> None:
     """Interrupts at random points inside six-sequence decodes (prefill and generation):
     after redoing each stopped call, every sequence's greedy tokens are those of a run that

@@ -29,6 +29,7 @@ from mythic.contracts import (
     Error,
     LLMStreamDelta,
     NPCState,
+    PlayerUtterance,
     ToolCall,
     parse_server_message,
 )
@@ -629,16 +630,20 @@ async def test_a_line_prepared_while_the_player_speaks_starts_from_its_kv(
     for fact in whole.splitlines()[1:]:  # every line the whole line retrieves was told
         assert fact in told, fact
     assert cold > warm, (warm, cold)
-    assert warm_ups <= 2
+    # The lore in parts of `prepare_step_tokens`, and one more request for the head at most.
+    step = 4 * settings.dialogue.prepare_step_tokens
+    parts = -(-4 * (settings.knowledge.lore_tokens + settings.dialogue.more_lore_tokens) // step)
+    assert 1 <= warm_ups <= parts + 1
 
 
 async def test_later_partials_extend_the_prepared_prompt_not_evaluate_it_again(
     engines: tuple[Engine, Engine], settings: MythicSettings
 ) -> None:
     """A partial of too few words prepares nothing; the first one long enough prepares the
-    prompt with its lore; a later one that retrieves more adds a `## More Lore` message after
-    it, so the engine evaluates only those lines, not the lore again; the line then extends
-    that prompt."""
+    prompt with its lore, in parts (a `## Lore` message, then `## More Lore` ones, each at
+    most `prepare_step_tokens` but for a single long line); a later one that retrieves more
+    adds `## More Lore` messages after them, so the engine evaluates only those lines, not
+    the lore again; the line then extends that prompt."""
     talk = engines[0]
     session = "http.grow"
 
@@ -665,13 +670,19 @@ async def test_later_partials_extend_the_prepared_prompt_not_evaluate_it_again(
         assert await prepared("Where is") == 0 and session not in actor._prepared
         first = await prepared("Where is the old mill")
         base = actor._prepared[session]
-        assert first > 0 and base.lore and not base.more
+        assert first > 0 and base.lore and base.message is not None
+        step = 4 * settings.dialogue.prepare_step_tokens
+        for part in (base.message, *base.more):
+            section = part.content.split("\n\n")[0]
+            assert len(section) <= step or len(_facts(section)) == 1, part.content
         later = await prepared("Where is the old mill and who guards the cathedral crypt")
         grown = actor._prepared[session]
-        assert grown.message == base.message and len(grown.more) == 1, grown
-        assert grown.more[0].content.startswith("## More Lore")
+        assert grown.message == base.message and grown.more[: len(base.more)] == base.more
+        added = grown.more[len(base.more) :]
+        assert added and all(m.content.startswith("## More Lore") for m in added), grown
         assert 0 < later < first, (first, later)
-        assert grown.more_chars <= 4 * settings.dialogue.more_lore_tokens
+        budget = settings.knowledge.lore_tokens + settings.dialogue.more_lore_tokens
+        assert len(grown.lore or "") <= 4 * budget
         reply = await http.post(
             "/v1/npcs/marla/say",
             json={
@@ -682,7 +693,61 @@ async def test_later_partials_extend_the_prepared_prompt_not_evaluate_it_again(
         assert reply.status_code == 200, reply.text
     told = [m.content for m in actor.histories[session] if m.role == "system"]
     assert base.message is not None and base.message.content in told
-    assert grown.more[0].content in told  # the turn extended the prepared prompt
+    assert all(m.content in told for m in grown.more)  # the turn extended the prepared prompt
+
+
+def _facts(told: str) -> list[str]:
+    """The lore lines of a context message (no headers, no `From ...:` sources, no scene)."""
+    lore = [s for s in told.split("\n\n") if s.startswith(("## Lore", "## More Lore"))]
+    return [
+        line
+        for section in lore
+        for line in section.splitlines()[1:]
+        if not (line.startswith("From ") and line.endswith(":"))
+    ]
+
+
+async def test_a_spoken_line_waits_for_no_more_lore_than_more_lore_tokens(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """A spoken line with nothing prepared tells the most relevant of its lore, at most
+    `more_lore_tokens` of it (all evaluated after the player stopped); the same line typed
+    tells all of it. A spoken line that comes while a part of the prepared lore is being
+    evaluated stops that part (the engine cancels its request) rather than wait for it, and
+    tells no more lore than that either."""
+    talk = engines[0]
+    line = "Where can I buy silver in the Bone Market?"
+    budget = 4 * settings.dialogue.more_lore_tokens
+    async with running(engines, settings, chat=_chat(settings)) as (_, gateway):
+        actor = gateway.cast.actor("marla")
+
+        def utter(session: str, turn: str, *, spoken: bool) -> None:
+            said = PlayerUtterance(npc_id="marla", session_id=session, turn_id=turn, text=line)
+            gateway.cast.deliver(session, said, spoken=spoken)
+
+        async def answered(session: str, turn: str) -> str:
+            """The context the turn `turn` told, once it is over (and its settle)."""
+            await until(lambda: actor.last_turn is not None and actor.last_turn.turn_id == turn)
+            await until(lambda: actor._warm_task is None or actor._warm_task.done())
+            assert actor.last_turn is not None and actor.last_turn.finish in ("stop", "length")
+            return "\n\n".join(m.content for m in actor.histories[session] if m.role == "system")
+
+        utter("typed", "t-1", spoken=False)
+        typed = _facts(await answered("typed", "t-1"))
+        utter("spoken", "s-1", spoken=True)
+        spoken = _facts(await answered("spoken", "s-1"))
+        assert spoken and spoken[0] == typed[0] and set(spoken) < set(typed), (spoken, typed)
+        assert len("\n".join(spoken)) <= budget < len("\n".join(typed))
+
+        # Mid-preparation: the first part of the lore is being evaluated when the line comes.
+        before = talk.metrics().cancelled
+        gateway.cast.prepare("spoken", "marla", "Where can I buy silver")
+        await until(lambda: actor._lore_step)
+        utter("spoken", "s-2", spoken=True)
+        told = await answered("spoken", "s-2")
+    assert talk.metrics().cancelled > before
+    new = _facts(told)[len(spoken) :]
+    assert len("\n".join(new)) <= budget + 4 * settings.dialogue.prepare_step_tokens
 
 
 async def test_a_new_sessions_persona_is_evaluated_as_the_player_begins(

@@ -414,3 +414,38 @@ def test_lore_beyond_keeps_the_most_relevant_new_lines_within_max_chars() -> Non
     )
     assert lore_beyond(None, whole, max_chars=10) is None  # not even one line fits
     assert lore_beyond(None, whole, max_chars=10_000) == lore_beyond(None, whole)
+
+
+def test_lore_told_in_parts_gives_every_line_once_in_order() -> None:
+    """The parts a prepared prompt evaluates its lore in: the first under `## Lore`, the next
+    ones `## More Lore`, each within its budget but for one line longer than the budget
+    (never left out of every part); together every line once, in order of relevance."""
+    long = "A very long line about the market's history that does not fit in any part at all."
+    whole = (
+        f"## Lore\nFrom The Market:\nSilver is sold at dawn.\n{long}\n"
+        "Guards watch.\nFrom The Mill:\nIt burned.\nThe miller fled."
+    )
+    budget = 50
+    parts = [lore_beyond(None, whole, max_chars=budget, header="## Lore", at_least_one=True)]
+    told = parts[0]
+    while (more := lore_beyond(told, whole, max_chars=budget, at_least_one=True)) is not None:
+        parts.append(more)
+        told = f"{told}\n{more}"
+        assert len(parts) < 10
+    assert parts[0] == "## Lore\nFrom The Market:\nSilver is sold at dawn."
+    assert all(p.startswith("## More Lore\n") for p in parts[1:])
+    assert any(long in p and len(p) > budget for p in parts)
+    assert all(len(p) <= budget for p in parts if long not in p)
+    facts = [
+        line
+        for p in parts
+        for line in p.splitlines()[1:]
+        if not line.startswith("From ") and not line.startswith("##")
+    ]
+    assert facts == [
+        "Silver is sold at dawn.",
+        long,
+        "Guards watch.",
+        "It burned.",
+        "The miller fled.",
+    ]

@@ -207,24 +207,33 @@ class DialogueSettings(_Section):
     prefill_while_speaking: bool = True
     """While the player is still speaking, compute the reply's prompt from their partial
     transcript: the session's memory, the lore retrieved for the words so far, and the KV of
-    everything before their line (a one-token request on the dialogue tier). The reply's first
-    token then waits only for the line itself. A warm-up counts as a dialogue request in
-    `/v1/usage`. A later partial that retrieves more lore extends the prepared prompt with it
-    (the partials of one line add up to `more_lore_tokens`), evaluating only the new lines;
-    none is prepared before a partial has `prepare_min_words` words. Right after each
-    reply, too, a session whose next line would overflow the context has its prompt window
-    moved and evaluated then, while the player listens (a one-token request)."""
+    everything before their line (one-token requests on the dialogue tier). The lore is
+    evaluated in parts of `prepare_step_tokens`, most relevant first; a later partial that
+    retrieves other lore goes on with its lines. None is prepared before a partial has
+    `prepare_min_words` words. When the player stops, a part still being evaluated is
+    stopped (what it evaluated stays cached): a spoken line's reply tells the lore prepared
+    by then and at most `more_lore_tokens` more, so its first token never waits for more
+    lore than that, whatever the machine's speed. A warm-up counts as a dialogue request in
+    `/v1/usage`. Right after each reply, too, a session whose next line would overflow the
+    context has its prompt window moved and evaluated then, while the player listens (a
+    one-token request). Off: nothing is prepared, and a spoken line tells all its lore."""
+
+    prepare_step_tokens: int = Field(default=96, ge=0, le=4096)
+    """The parts, in tokens (4 characters each), in which a prompt prepared while the player
+    speaks evaluates its lore: the reply has the parts finished when the player stops. On
+    2 CPU cores a part of 96 tokens takes 0.4-1.5 s beside the speech recogniser. 0: the
+    whole lore in one part (a line then waits for it)."""
 
     prepare_min_words: int = Field(default=3, ge=1, le=100)
     """Words a partial transcript needs before the reply's prompt is prepared from it: the
     lore retrieved for "Is the" is no guide to the line, and later partials only extend it."""
 
     more_lore_tokens: int = Field(default=64, ge=0, le=4096)
-    """When the reply's prompt was prepared while the player spoke, the lore the whole line
-    retrieves beyond what its partial transcript did is added up to about this many tokens
-    (4 characters each), most relevant first: every one of them is evaluated after the player
-    stops speaking. A prompt is prepared with room for them and the line. The later partials
-    of a line extend the prepared prompt by up to this many tokens too, all together."""
+    """A spoken line's lore beyond what was prepared while the player spoke (or its whole
+    lore, when nothing was) is cut to about this many tokens (4 characters each), most
+    relevant first: every one of them is evaluated after the player stops speaking. A
+    prompt is prepared with room for them and the line. The later partials of a line may add
+    this much lore to `knowledge.lore_tokens` in the prepared prompt."""
 
     @field_validator("first_phrase_words")
     @classmethod

@@ -148,6 +148,19 @@ class _Told:
     def more_chars(self) -> int:
         return sum(len(m.content) for m in self.more)
 
+    def head(self, max_chars: int, *, at_least_one: bool = True) -> _Told:
+        """This context with only the first lines of its lore that fit in `max_chars` (one at
+        least, with `at_least_one`), most relevant first: the first part of a context told
+        in parts, or a context cut short."""
+        if not self.lore:
+            return self
+        first = self.lore.splitlines()[0]
+        header = first if first in (HEADERS["lore"], MORE_LORE) else HEADERS["lore"]
+        lore = lore_beyond(
+            None, self.lore, max_chars=max_chars, header=header, at_least_one=at_least_one
+        )
+        return _told_of(lore, self.scene)
+
     def extended(self, more: str) -> _Told:
         """This context and a `## More Lore` message after it (the prompt's KV extends)."""
         lore = f"{self.lore}\n{more}" if self.lore else more
@@ -209,6 +222,8 @@ class NPCActor:
         self._warming: str | None = None
         """The session whose prompt the warm-up is evaluating now."""
         self._next_warm: PrepareLine | None = None
+        self._lore_step = False
+        """The warm-up is evaluating a part of a prepared prompt's lore (`_prepare_part`)."""
         self._window_start: dict[str, tuple[ChatMessage, bool]] = {}
         """Per session, the message its prompt window begins with (`_window`), or, flagged
         True, the message it follows (when an overflow dropped every exchange)."""
@@ -455,10 +470,12 @@ class NPCActor:
             self.machine.to(DialogueState.THINKING)
             if memory is not None and line.player_id is not None:
                 await self._recall(memory, session, line.player_id)
-            out.told = await self._told(session, line.text)
+            spoken = line.spoken and cast.settings.dialogue.prefill_while_speaking
+            out.told = await self._told(session, line.text, spoken=spoken)
 
             async def retell() -> list[ChatMessage]:
-                out.told = self._telling((await self._context(session, line.text)).messages)
+                again = await self._context(session, line.text)
+                out.told = self._telling((self._spoken_cut(again) if spoken else again).messages)
                 return [*out.told, user]
 
             decide = cast.settings.dialogue.decide
@@ -599,13 +616,17 @@ class NPCActor:
         """Evaluate the prompt a line to `prep.session_id` would get, up to the line: persona,
         the session's memory, its history and the context retrieved for `prep.text`. Only
         the KV is wanted (the engine keeps it per session, and the turn's prompt extends this
-        one); the token generated is dropped. Skipped when that context is already prepared.
+        one); the token generated is dropped. The lore goes in parts of
+        `prepare_step_tokens`, most relevant first, one request each, until all of it is in,
+        a turn starts or newer words wait; `_prepared` holds the parts finished. Prepared
+        already: nothing is evaluated.
         """
         session = prep.session_id
+        settings = self.cast.settings
         memory = self.cast.memory
         if memory is not None and prep.player_id is not None:
             await self._recall(memory, session, prep.player_id)
-        if len(prep.text.split()) < self.cast.settings.dialogue.prepare_min_words:
+        if len(prep.text.split()) < settings.dialogue.prepare_min_words:
             # "Is the", or the player has only begun: too few words to retrieve lore for. A
             # session's first line still has its persona and memory ahead of it (hundreds of
             # tokens that no line of this session has evaluated yet): evaluate those now.
@@ -613,42 +634,72 @@ class NPCActor:
                 await self._prepare_head(session)
             return
         told = await self._context(session, prep.text)
+        if self._turn is not None:
+            return  # the line came while the lore was retrieved: it waits for no more
+        step = _CHARS_PER_TOKEN * settings.dialogue.prepare_step_tokens or None
         prepared = self._prepared.get(session)
-        if prepared == told:
-            return
-        if prepared is not None and prepared.scene == told.scene:
-            # Prepared for fewer of the player's words: extend that prompt with what these
-            # words retrieve beyond it (the partials of one line share `more_lore_tokens`),
-            # rather than evaluate another one whole while they speak on.
-            budget = _CHARS_PER_TOKEN * self._more_lore_tokens() - prepared.more_chars
-            more = lore_beyond(prepared.lore, told.lore, max_chars=budget) if budget > 0 else None
-            if more is None:
+        if prepared is None or prepared.scene != told.scene:
+            # The first part: the scene and the most relevant lore.
+            prepared = await self._prepare_part(session, told.head(step) if step else told)
+            if prepared is None:
+                return
+        # Later parts: the lines `told` has beyond those prepared (a partial with more words
+        # retrieves other lines too; the line's prepared lore grows by `more_lore_tokens` at
+        # most beyond the lore budget).
+        limit = _CHARS_PER_TOKEN * (settings.knowledge.lore_tokens + self._more_lore_tokens())
+        while self._turn is None and self._next_warm is None:
+            room = limit - len(prepared.lore or "")
+            if room <= 0:
+                return
+            more = lore_beyond(
+                prepared.lore, told.lore, max_chars=min(step or room, room), at_least_one=True
+            )
+            if more is None or len(more) > room:
                 return  # nothing new (that fits): what is prepared holds
-            told = prepared.extended(more)
+            prepared = await self._prepare_part(session, prepared.extended(more))
+            if prepared is None:
+                return
+
+    async def _prepare_part(self, session: str, told: _Told) -> _Told | None:
+        """Evaluate the session's prompt up to the line with context `told` (one engine
+        request); `_prepared` then holds what was evaluated. None when the prompt window had
+        to move (the context is then told again, whole, by the next partial or the turn)."""
+        if self._prepared.get(session) == told:
+            return told
         history = self.histories.get(session, [])
         # Room for the reply, the line and its more lore: a prompt that fits now but not with
         # them would make the turn drop exchanges and evaluate everything again.
         room = self.cast.settings.chat.max_tokens + _LINE_TOKENS + self._more_lore_tokens()
+        moved = False
 
         async def retell() -> list[ChatMessage]:
-            nonlocal told
-            told = await self._context(session, prep.text)
-            return told.messages
+            nonlocal moved
+            moved = True  # the lore known from the exchanges dropped is no longer told
+            return []
 
-        stream = await self._open_fitted(
-            session,
-            history,
-            told.messages,
-            Sampling(max_tokens=1, temperature=0.0),
-            "dialogue",
-            retell=retell,
-            room=room,
-        )
-        async with stream:  # the KV is what was wanted; the token generated is dropped
-            await stream.collect()
-        self._prepared[session] = told
+        self._lore_step = True
+        try:
+            stream = await self._open_fitted(
+                session,
+                history,
+                told.messages,
+                Sampling(max_tokens=1, temperature=0.0),
+                "dialogue",
+                retell=retell,
+                room=room,
+            )
+            async with stream:  # the KV is what was wanted; the token generated is dropped
+                await stream.collect()
+        finally:
+            self._lore_step = False
+        # No await from here on: a turn cancelling this step finds `_prepared` as evaluated.
         self.warm_ups += 1
         self.cast.stats.warm_ups += 1
+        if moved:
+            self._prepared.pop(session, None)
+            return None
+        self._prepared[session] = told
+        return told
 
     async def _prepare_head(self, session: str) -> None:
         """Evaluate the head of a new session's prompt (persona and memory, no conversation
@@ -665,21 +716,26 @@ class NPCActor:
         self.warm_ups += 1
         self.cast.stats.warm_ups += 1
 
-    async def _told(self, session: str, text: str) -> list[ChatMessage]:
+    async def _told(self, session: str, text: str, *, spoken: bool = False) -> list[ChatMessage]:
         """The context messages of a turn answering `text` (`_context`), or, when the prompt
         was prepared while the player spoke (`PrepareLine`) with the same scene, the prepared
         context (already evaluated) plus a `## More Lore` message with what `text` retrieves
-        beyond it.
+        beyond it, cut to `more_lore_tokens`. A `spoken` line with nothing prepared has its
+        lore cut so too (`_spoken_cut`): its first token waits for no more lore than that
+        (`spoken`: said aloud, with `prefill_while_speaking` on).
 
-        A warm-up of this session still running is waited for: it is evaluating this turn's
-        prompt, which would otherwise be evaluated twice (cancelled, it would lose the
-        session's KV). Waiting warm-ups are dropped; one of another session is left to
+        A warm-up of this session still running a part of the prepared lore is stopped (the
+        engine keeps the KV it evaluated; the parts finished are `_prepared`); one moving the
+        prompt window or evaluating its head is waited for: this turn's prompt starts with
+        what it evaluates. Waiting warm-ups are dropped; one of another session is left to
         finish. Cancelling the turn does not cancel the warm-up.
         """
         told = await self._context(session, text)
         self._next_warm = None
         task = self._warm_task
         if task is not None and not task.done() and self._warming == session:
+            if self._lore_step:
+                task.cancel()
             await asyncio.wait({task})
         prepared = self._prepared.pop(session, None)  # the reply moves the session's KV on
         messages, how = told.messages, "unprepared"
@@ -692,10 +748,23 @@ class NPCActor:
             )
             messages = [*prepared.messages, *([ChatMessage("system", more)] if more else [])]
             how = f"prepared, {len(more or '')} characters of lore more"
-        elif prepared is not None:
-            how = "prepared with another scene: not used"
+        else:
+            if prepared is not None:
+                how = "prepared with another scene: not used"
+            cut = self._spoken_cut(told) if spoken else told
+            if cut is not told:
+                messages = cut.messages
+                how += f", lore cut to {self._more_lore_tokens()} tokens"
         log.debug("%s/%s: the line's context is %s", self.npc_id, session, how)
         return self._telling(messages)
+
+    def _spoken_cut(self, told: _Told) -> _Told:
+        """`told` with its lore cut to `more_lore_tokens` (the most relevant lines): what a
+        spoken line evaluates after the player stops, when nothing was prepared."""
+        budget = _CHARS_PER_TOKEN * self._more_lore_tokens()
+        if not told.lore or len(told.lore) <= budget:
+            return told
+        return told.head(budget, at_least_one=False)
 
     def _telling(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         """`messages`, the context a line tells, kept whole in `last_context` too."""

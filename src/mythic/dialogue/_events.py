@@ -22,7 +22,8 @@ class PlayerLine:
     """The player the session belongs to: the NPC remembers them across sessions."""
     spoken: bool = False
     """The player said it aloud (voice): the reply is spoken too, and ends after
-    `dialogue.spoken_max_sentences` sentences."""
+    `dialogue.spoken_max_sentences` sentences; its lore is what was prepared while the
+    player spoke and `dialogue.more_lore_tokens` more (`dialogue.prefill_while_speaking`)."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -184,6 +184,8 @@ class EngineMetrics:
     """Requests submitted with each adapter, by adapter name."""
     preemptions: int
     """Decode calls stopped part-way so that a gold request could start at once."""
+    cancel_stops: int
+    """Decode calls stopped part-way because every request in them was cancelled."""
     kv_cells_reserved: int
     kv_cells_idle: int
     kv_capacity: int
@@ -216,6 +218,8 @@ class Engine:
         self._cache = SequenceCache(backend, backend.n_seq_max, self.config.prefix_min_tokens)
         self._active: dict[str, _Active] = {}
         self._cancelled: list[_Active] = []
+        self._decoding: frozenset[str] = frozenset()
+        """The requests of the decode call running now (set by the worker)."""
         self._closing = False
         self._dead: BaseException | None = None
         self._counts: Counter[str] = Counter()
@@ -292,6 +296,13 @@ class Engine:
             active.done = True
             self._scheduler.remove(request_id)
             self._cancelled.append(active)
+            running = self._decoding
+            if running and all(
+                (other := self._active.get(rid)) is None or other.done for rid in running
+            ):
+                # Nobody wants what the running decode call computes: stop it now (its
+                # cells are rolled back; the cancelled request keeps what came before).
+                self.backend.interrupt()
             self._lock.notify()
             return True
 
@@ -518,11 +529,15 @@ class Engine:
         now = time.monotonic()
         with self._lock:
             self.backend.clear_interrupt()
-            out = self._scheduler.schedule(now)
             cancelled, self._cancelled = self._cancelled, []
-            expired = [self._active[rid] for rid in out.expired]
+        # Cancelled requests give their sequences back before any request is admitted: a
+        # line that replaces a cancelled one (a barge-in, a warm-up stopped for the line)
+        # then finds its session's KV free, not busy (it would start from a shared prefix).
         for active in cancelled:
             self._finish(active, "cancelled", keep=len(active.prompt) - len(active.to_eval))
+        with self._lock:
+            out = self._scheduler.schedule(now)
+            expired = [self._active[rid] for rid in out.expired]
         for active in expired:
             self._fail(
                 active,
@@ -587,15 +602,19 @@ class Engine:
                 continue
             if batch.adapter_key is not None and self.backend.set_adapters(batch.adapter_key):
                 self._counts["adapter_switches"] += 1
+            self._decoding = frozenset(active.request.request_id for active, _, _ in items)
             try:
                 outputs = self._decode(chunks, interruptible=not batch.gold)
             except DecodeInterrupted:
-                self._counts["preemptions"] += 1
+                wanted = any(not active.done for active, _, _ in items)
+                self._counts["preemptions" if wanted else "cancel_stops"] += 1
                 for (active, prefill, _), evaluated in zip(items, chunks, strict=True):
                     assert active.seq is not None
                     del active.seq.tokens[evaluated.pos :]
                     active.to_eval[:0] = prefill
                 return done
+            finally:
+                self._decoding = frozenset()
             self._counts["decode_calls"] += 1
             self._batch_sizes[1 << (len(chunks) - 1).bit_length()] += 1
             for (active, _, sample), index in zip(items, outputs, strict=True):
@@ -952,6 +971,7 @@ class Engine:
                 adapter_unloads=c["adapter_unloads"],
                 adapter_requests=dict(sorted(self._adapter_requests.items())),
                 preemptions=c["preemptions"],
+                cancel_stops=c["cancel_stops"],
                 kv_cells_reserved=self._scheduler.kv_reserved,
                 kv_cells_idle=self._cache.idle_cells,
                 kv_capacity=self.config.scheduler.kv_capacity,

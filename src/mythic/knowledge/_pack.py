@@ -366,7 +366,12 @@ MORE_LORE = "## More Lore"
 
 
 def lore_beyond(
-    prepared: str | None, lore: str | None, *, max_chars: int | None = None
+    prepared: str | None,
+    lore: str | None,
+    *,
+    max_chars: int | None = None,
+    header: str = MORE_LORE,
+    at_least_one: bool = False,
 ) -> str | None:
     """The lines of a `## Lore` section `lore` that `prepared` (another `## Lore` section)
     lacks, as a `## More Lore` section, each under its `From ...:` source; None when it lacks
@@ -376,12 +381,16 @@ def lore_beyond(
     A reply prepared while the player spoke (lore retrieved for their words so far) keeps
     that lore, already evaluated, and adds only what the whole line retrieves beyond it, so
     few new tokens are evaluated after the player stops speaking; `max_chars` bounds them.
+
+    `header` heads the section instead (`## Lore` for the first part of a section told in
+    parts); with `at_least_one`, the first line `prepared` lacks is taken even when it alone
+    exceeds `max_chars`, so that a long line cannot be left out of every part.
     """
     if not lore:
         return None
     known = set(prepared.splitlines()) if prepared else set()
     lines: list[str] = []
-    used = len(MORE_LORE)
+    used = len(header)
     source: str | None = None
     told: str | None = None
     for line in lore.splitlines():
@@ -392,13 +401,13 @@ def lore_beyond(
             continue
         if not line or line in known:
             continue
-        header = source if source is not None and source != told else None
-        cost = len(line) + 1 + (len(header) + 1 if header is not None else 0)
-        if max_chars is not None and used + cost > max_chars:
+        new_source = source if source is not None and source != told else None
+        cost = len(line) + 1 + (len(new_source) + 1 if new_source is not None else 0)
+        if max_chars is not None and used + cost > max_chars and (lines or not at_least_one):
             continue
-        if header is not None:
-            lines.append(header)
-            told = header
+        if new_source is not None:
+            lines.append(new_source)
+            told = new_source
         lines.append(line)
         used += cost
-    return "\n".join([MORE_LORE, *lines]) if lines else None
+    return "\n".join([header, *lines]) if lines else None
