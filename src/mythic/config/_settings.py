@@ -221,8 +221,8 @@ class DialogueSettings(_Section):
     prepare_step_tokens: int = Field(default=96, ge=0, le=4096)
     """The parts, in tokens (4 characters each), in which a prompt prepared while the player
     speaks evaluates its lore: the reply has the parts finished when the player stops. On
-    2 CPU cores a part of 96 tokens takes 0.4-1.5 s beside the speech recogniser. 0: the
-    whole lore in one part (a line then waits for it)."""
+    2 CPU cores beside the speech recogniser a part of 96 tokens took 1.3-1.7 s (on a slow
+    day of the project's VM). 0: the whole lore in one part."""
 
     prepare_min_words: int = Field(default=3, ge=1, le=100)
     """Words a partial transcript needs before the reply's prompt is prepared from it: the
