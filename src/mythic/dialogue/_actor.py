@@ -675,6 +675,7 @@ class NPCActor:
         async def retell() -> list[ChatMessage]:
             nonlocal moved
             moved = True  # the lore known from the exchanges dropped is no longer told
+            self._prepared.pop(session, None)  # nor are parts prepared for the old window
             return []
 
         self._lore_step = True

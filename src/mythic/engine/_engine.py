@@ -527,17 +527,21 @@ class Engine:
 
     def _step(self) -> None:
         now = time.monotonic()
-        with self._lock:
-            self.backend.clear_interrupt()
-            cancelled, self._cancelled = self._cancelled, []
         # Cancelled requests give their sequences back before any request is admitted: a
         # line that replaces a cancelled one (a barge-in, a warm-up stopped for the line)
         # then finds its session's KV free, not busy (it would start from a shared prefix).
-        for active in cancelled:
-            self._finish(active, "cancelled", keep=len(active.prompt) - len(active.to_eval))
-        with self._lock:
-            out = self._scheduler.schedule(now)
-            expired = [self._active[rid] for rid in out.expired]
+        # Finished outside the lock (their streams are told), until none is left when the
+        # lock is taken to schedule.
+        while True:
+            with self._lock:
+                cancelled, self._cancelled = self._cancelled, []
+                if not cancelled:
+                    self.backend.clear_interrupt()
+                    out = self._scheduler.schedule(now)
+                    expired = [self._active[rid] for rid in out.expired]
+                    break
+            for active in cancelled:
+                self._finish(active, "cancelled", keep=len(active.prompt) - len(active.to_eval))
         for active in expired:
             self._fail(
                 active,
