@@ -58,6 +58,9 @@ def test_explicit_file_and_mythic_config(
         ("engine: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
         ("dialogue:\n  first_phrase_words: 2\n", r"dialogue\.first_phrase_words.*at least 3"),
         ("dialogue:\n  first_phrase_words: -1\n", r"dialogue\.first_phrase_words.*greater than"),
+        ("dialogue:\n  prepare_step_tokens: -1\n", r"dialogue\.prepare_step_tokens.*greater"),
+        ("dialogue:\n  prepare_step_tokens: 99999\n", r"dialogue\.prepare_step_tokens.*less"),
+        ("dialogue:\n  prepare_step_tokens: lots\n", r"dialogue\.prepare_step_tokens"),
     ],
 )
 def test_invalid_files_name_the_setting(no_config_env: Path, text: str, message: str) -> None:
