@@ -664,8 +664,6 @@ class NPCActor:
         """Evaluate the session's prompt up to the line with context `told` (one engine
         request); `_prepared` then holds what was evaluated. None when the prompt window had
         to move (the context is then told again, whole, by the next partial or the turn)."""
-        if self._prepared.get(session) == told:
-            return told
         history = self.histories.get(session, [])
         # Room for the reply, the line and its more lore: a prompt that fits now but not with
         # them would make the turn drop exchanges and evaluate everything again.
