@@ -6,7 +6,7 @@ import asyncio
 import json
 import random
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -22,6 +22,7 @@ from mythic.engine import (
     Completion,
     ContextOverflowError,
     DeadlineExceeded,
+    DecodeInterrupted,
     Delta,
     Engine,
     EngineConfig,
@@ -533,7 +534,7 @@ def test_interrupted_batched_decodes_are_redone_exactly(settings: MythicSettings
     """Interrupts at random points inside six-sequence decodes (prefill and generation):
     after redoing each stopped call, every sequence's greedy tokens are those of a run that
     was never interrupted."""
-    from mythic.engine import DecodeInterrupted, load_backend
+    from mythic.engine import load_backend
 
     backend = load_backend("smollm2-135m-instruct", settings.engine, n_seq_max=16)
     rng = random.Random(7)
@@ -594,7 +595,7 @@ def test_interrupted_batched_decodes_are_redone_exactly(settings: MythicSettings
 
 
 def test_an_interrupted_decode_leaves_the_memory_as_it_was(settings: MythicSettings) -> None:
-    from mythic.engine import DecodeInterrupted, load_backend
+    from mythic.engine import load_backend
 
     backend = load_backend("smollm2-135m-instruct", settings.engine, n_seq_max=4)
     try:
@@ -657,8 +658,10 @@ async def test_a_full_queue_refuses_with_overloaded(settings: MythicSettings) ->
 # -- failures -----------------------------------------------------------------------------------
 
 
-class FailingBackend(Backend):
-    """The real backend, with decode calls made to fail on demand (fault injection)."""
+class FaultBackend(Backend):
+    """The real backend, with decode calls made to fail on demand (fault injection), or
+    followed by `after_decode` (a hook run on the engine's worker thread as the call returns),
+    and a log of the calls: (sequence ids, interruptible, "ok" or "interrupted", steps done)."""
 
     def __init__(self, real: LlamaCppBackend) -> None:
         self.real = real
@@ -667,12 +670,25 @@ class FailingBackend(Backend):
         self.n_ctx, self.n_ctx_seq, self.n_seq_max = real.n_ctx, real.n_ctx_seq, real.n_seq_max
         self.n_batch, self.max_seq_chunk = real.n_batch, real.max_seq_chunk
         self.fail_next = 0
+        self.after_decode: Callable[[bool], None] | None = None
+        self.engine: Engine | None = None
+        self.calls: list[tuple[frozenset[int], bool, str, int]] = []
 
     def decode(self, chunks: Sequence[SequenceChunk], *, interruptible: bool = False) -> list[int]:
         if self.fail_next:
             self.fail_next -= 1
             raise BackendError("injected: llama_decode returned -3")
-        return self.real.decode(chunks, interruptible=interruptible)
+        seqs = frozenset(chunk.seq_id for chunk in chunks)
+        steps = self.engine._counts["steps"] if self.engine is not None else 0
+        try:
+            outputs = self.real.decode(chunks, interruptible=interruptible)
+        except DecodeInterrupted:
+            self.calls.append((seqs, interruptible, "interrupted", steps))
+            raise
+        self.calls.append((seqs, interruptible, "ok", steps))
+        if self.after_decode is not None:
+            self.after_decode(interruptible)
+        return outputs
 
     def interrupt(self) -> None:
         self.real.interrupt()
@@ -733,7 +749,7 @@ async def test_a_backend_failure_fails_in_flight_requests_and_the_engine_recover
     from mythic.engine import load_backend
 
     real = load_backend("smollm2-135m-instruct", settings.engine, n_seq_max=8)
-    backend = FailingBackend(real)
+    backend = FaultBackend(real)
     engine = Engine(backend, EngineConfig.for_backend(real, settings.engine))
     try:
         streams = [engine.submit(ask(f"f{i}", q, 60)) for i, q in enumerate(QUESTIONS[:3])]
@@ -747,6 +763,59 @@ async def test_a_backend_failure_fails_in_flight_requests_and_the_engine_recover
         again = await run(engine, ask("f9", QUESTIONS[0], 16))
         assert again.text.strip()
         assert engine.metrics().failed == 3
+    finally:
+        await engine.aclose()
+
+
+async def test_a_cancel_landing_as_its_decode_returns_does_not_stop_the_next_call(
+    settings: MythicSettings,
+) -> None:
+    """A cancel that finds nobody wanting the decode call under way interrupts it; when the
+    call returns before the interrupt is seen (here: a gold call, which is never interrupted,
+    cancelled as it returns), the step's next call (another request's) runs undisturbed."""
+    from mythic.engine import load_backend
+
+    real = load_backend("smollm2-135m-instruct", settings.engine, n_seq_max=8)
+    backend = FaultBackend(real)
+    engine = Engine(backend, EngineConfig.for_backend(real, settings.engine))
+    backend.engine = engine
+    long = " ".join(QUESTIONS) * 4  # the silver prompt: many prefill chunks, a call each step
+    try:
+        async with asyncio.timeout(WAIT):
+            for attempt in range(5):
+                gold = ask(f"gold-{attempt}", QUESTIONS[0], 200, priority=Priority.GOLD)
+                gold_stream = engine.submit(gold)
+                await anext(gold_stream)  # running: a gold call in every step from here
+                silver = ask(f"silver-{attempt}", long, 4)
+                silver_stream = engine.submit(silver)
+                while engine._active[silver.request_id].scheduled_at is None:  # noqa: ASYNC110
+                    await asyncio.sleep(0.001)  # the worker's state: no event to wait on
+                cancelled_at = -1
+
+                def cancel_gold(interruptible: bool, request_id: str = gold.request_id) -> None:
+                    nonlocal cancelled_at
+                    if not interruptible:  # gold's call has just returned: cancel it now
+                        backend.after_decode = None
+                        cancelled_at = len(backend.calls) - 1
+                        assert engine.cancel(request_id)
+
+                before = engine.metrics()
+                backend.after_decode = cancel_gold
+                stopped = await gold_stream.collect()
+                completion = await silver_stream.collect()
+                after = engine.metrics()
+                assert stopped.finish_reason == "cancelled"
+                assert completion.finish_reason in {"stop", "length"}
+                step = backend.calls[cancelled_at][3]
+                following = backend.calls[cancelled_at + 1]
+                if following[3] == step:
+                    break  # the silver call ran in the gold call's step: what is tested
+        assert cancelled_at >= 0
+        assert following[3] == step and following[1], "no step ran a silver call after gold's"
+        assert following[2] == "ok"
+        assert after.preemptions == before.preemptions
+        assert after.cancel_stops == before.cancel_stops
+        assert after.running == 0 and after.kv_cells_reserved == 0
     finally:
         await engine.aclose()
 

@@ -219,7 +219,11 @@ class Engine:
         self._active: dict[str, _Active] = {}
         self._cancelled: list[_Active] = []
         self._decoding: frozenset[str] = frozenset()
-        """The requests of the decode call running now (set by the worker)."""
+        """The requests of the decode call running now (set by the worker, under the lock)."""
+        self._cancel_stop = False
+        """`cancel` interrupted the decode call running now (under the lock)."""
+        self._gold_stop = False
+        """A gold request interrupted the step running now (under the lock)."""
         self._closing = False
         self._dead: BaseException | None = None
         self._counts: Counter[str] = Counter()
@@ -302,6 +306,9 @@ class Engine:
             ):
                 # Nobody wants what the running decode call computes: stop it now (its
                 # cells are rolled back; the cancelled request keeps what came before).
+                # Withdrawn when that call returns first (`_evaluate`): the step's next call
+                # is not this cancel's to stop.
+                self._cancel_stop = True
                 self.backend.interrupt()
             self._lock.notify()
             return True
@@ -346,6 +353,7 @@ class Engine:
             if request.priority is Priority.GOLD and self.config.gold_preempts:
                 # Gold does not wait for a step already running: that step is stopped and
                 # redone after gold's (cleared at the next schedule, which includes gold).
+                self._gold_stop = True
                 self.backend.interrupt()
             self._lock.notify()
 
@@ -537,6 +545,7 @@ class Engine:
                 cancelled, self._cancelled = self._cancelled, []
                 if not cancelled:
                     self.backend.clear_interrupt()
+                    self._gold_stop = self._cancel_stop = False
                     out = self._scheduler.schedule(now)
                     expired = [self._active[rid] for rid in out.expired]
                     break
@@ -606,7 +615,8 @@ class Engine:
                 continue
             if batch.adapter_key is not None and self.backend.set_adapters(batch.adapter_key):
                 self._counts["adapter_switches"] += 1
-            self._decoding = frozenset(active.request.request_id for active, _, _ in items)
+            with self._lock:
+                self._decoding = frozenset(active.request.request_id for active, _, _ in items)
             try:
                 outputs = self._decode(chunks, interruptible=not batch.gold)
             except DecodeInterrupted:
@@ -618,7 +628,13 @@ class Engine:
                     active.to_eval[:0] = prefill
                 return done
             finally:
-                self._decoding = frozenset()
+                with self._lock:
+                    self._decoding = frozenset()
+                    if self._cancel_stop and not self._gold_stop:
+                        # A cancel that came too late (or for a gold call, which is not
+                        # interruptible) must not stop the step's next call.
+                        self.backend.clear_interrupt()
+                    self._cancel_stop = False
             self._counts["decode_calls"] += 1
             self._batch_sizes[1 << (len(chunks) - 1).bit_length()] += 1
             for (active, _, sample), index in zip(items, outputs, strict=True):
