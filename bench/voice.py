@@ -21,6 +21,10 @@ Whisper's whole 30 s window (`speech.asr_window_s`; `--asr-window-s 10` is faste
 less accurate). `--baseline` first runs a round with all of it off (partials in the 30 s
 window too); the ratio column is then against it.
 
+`--decide off,on` compares rounds without and with the per-line intent and tool decision
+(`dialogue.decide`, a gold request on the same model; on by default, `--no-decide` is
+`--decide off`): what it costs the first audio.
+
 `--spoken-lore all,no-yield,parts` compares, in one run, a spoken line that waits for all
 its lore (`all`: `dialogue.prepare_step_tokens` 0 and `more_lore_tokens` 4096) with the
 lore evaluated in parts while the player speaks, the line telling the parts finished when
@@ -35,7 +39,8 @@ results, and so is `MYTHIC_KNOWLEDGE__RETRIEVAL`.
 
 Writes bench/results/voice.json (or `--out`).
 
-    .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1] [--model NAME] [--no-decide]
+    .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1] [--model NAME]
+                                    [--decide off,on | --no-decide]
                                     [--baseline] [--asr-window-s S] [--server-log PATH]
                                     [--first-phrase-words 0,6]
                                     [--spoken-lore all,no-yield,parts]
@@ -187,6 +192,12 @@ def main() -> None:
         "--no-decide", action="store_true", help="no per-line intent/tool decision (dialogue only)"
     )
     parser.add_argument(
+        "--decide",
+        default=None,
+        help="rounds with the per-line decision off and on, e.g. off,on (default: on, or off "
+        "with --no-decide); the ratio is against the first",
+    )
+    parser.add_argument(
         "--baseline",
         action="store_true",
         help="first a round with the work ahead of the line's end off (no prompt prepared "
@@ -226,8 +237,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.model:
         os.environ["MYTHIC_ENGINE__DIALOGUE_MODEL"] = args.model
-    if args.no_decide:
-        os.environ["MYTHIC_DIALOGUE__DECIDE"] = "false"
+    decides = args.decide.split(",") if args.decide else ["off" if args.no_decide else "on"]
+    if set(decides) - {"off", "on"}:
+        parser.error("--decide takes off and on")
     counts = [int(n) for n in args.speakers.split(",")]
     audio = asyncio.run(synthesise())
     rounds: list[dict[str, Any]] = []
@@ -242,15 +254,17 @@ def main() -> None:
     if set(lores) - set(SPOKEN_LORE):
         parser.error(f"--spoken-lore takes {', '.join(SPOKEN_LORE)}")
     plan = [
-        (count, True, w, lore)
+        (count, True, w, lore, decide)
         for count in counts
         for w in words or [default_words]
         for lore in lores
+        for decide in decides
     ]
     if args.baseline:
         plan.insert(0, (counts[0], False, *plan[0][2:]))
-    for count, ahead, first_words, lore in plan:
+    for count, ahead, first_words, lore, decide in plan:
         os.environ["MYTHIC_DIALOGUE__FIRST_PHRASE_WORDS"] = str(first_words)
+        os.environ["MYTHIC_DIALOGUE__DECIDE"] = "true" if decide == "on" else "false"
         for name, value in SPOKEN_LORE[lore].items():
             if value is None:
                 os.environ.pop(f"MYTHIC_DIALOGUE__{name}", None)
@@ -287,6 +301,7 @@ def main() -> None:
                 "ahead": ahead,
                 "first_phrase_words": first_words,
                 "spoken_lore": lore,
+                "decide": decide == "on",
                 "utterances": len(rows),
                 "answered": sum(1 for r in rows if r["first_audio"] is not None),
                 "client_ms": hops,
@@ -298,8 +313,8 @@ def main() -> None:
     base = rounds[0]["client_ms"]
     print("end of speech -> each hop, ms, on the client (server's own trace in brackets)")
     print(
-        f"{'speakers':>8} {'ahead':<6}{'words':>5} {'lore':<9}{'hop':<16}{'p50':>8}{'p95':>8}"
-        f"{'p99':>8}{'server p50':>12}{'x p50':>7}"
+        f"{'speakers':>8} {'ahead':<6}{'words':>5} {'lore':<9}{'decide':<7}{'hop':<16}"
+        f"{'p50':>8}{'p95':>8}{'p99':>8}{'server p50':>12}{'x p50':>7}"
     )
     for r in rounds:
         for hop in HOPS:
@@ -307,7 +322,8 @@ def main() -> None:
             own = r["server_ms"].get(hop, {}).get("p50")
             print(
                 f"{r['speakers']:>8} {'on' if r['ahead'] else 'off':<6}"
-                f"{r['first_phrase_words']:>5} {r['spoken_lore']:<9}{hop:<16}"
+                f"{r['first_phrase_words']:>5} {r['spoken_lore']:<9}"
+                f"{'on' if r['decide'] else 'off':<7}{hop:<16}"
                 f"{fmt(ms['p50'], '.0f'):>8}{fmt(ms['p95'], '.0f'):>8}"
                 f"{fmt(ms['p99'], '.0f'):>8}{fmt(own, '.0f'):>12}"
                 f"{fmt(ratio(ms['p50'], base[hop]['p50']), '.2f'):>7}"
@@ -324,7 +340,6 @@ def main() -> None:
         knowledge_retrieval=os.environ.get("MYTHIC_KNOWLEDGE__RETRIEVAL", "hybrid"),
         asr_window_s=args.asr_window_s or 30.0,
         dialogue_model=args.model or "default (engine.dialogue_model)",
-        decide=not args.no_decide,
         results=rounds,
     )
 

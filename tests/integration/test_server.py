@@ -34,7 +34,8 @@ from mythic.contracts import (
     parse_server_message,
 )
 from mythic.dialogue import INTERRUPTED_NOTE, ReplySink
-from mythic.dialogue._events import PrepareLine
+from mythic.dialogue._actor import Decision
+from mythic.dialogue._events import PlayerLine, PrepareLine
 from mythic.engine import Engine
 from mythic.knowledge import Query, load_world
 from mythic.memory import Memory
@@ -182,6 +183,34 @@ async def test_a_turn_with_a_waypoint_tool_call_and_its_ack(
     ]
     assert status["last_turn"]["intent"] == "navigation"
     assert gateway.cast.stats.tool_calls["ok"] == 1
+
+
+async def test_the_decision_starts_once_the_replys_first_phrase_is_out(
+    server: tuple[str, Gateway],
+) -> None:
+    """The intent and tool decision is a gold request (the reply's steps wait while it runs)
+    needed only when the reply ends: it starts once the reply's first phrase has gone to
+    speech, so it delays neither the first token nor the first audio; its intent is used."""
+    address, gateway = server
+    actor = gateway.cast.actor("marla")
+    stats = gateway.cast.stats
+    phrases_then: list[int] = []
+    decide = actor._decide
+
+    async def watched(line: PlayerLine) -> Decision | None:
+        phrases_then.append(stats.phrases)
+        return await decide(line)
+
+    actor._decide = watched  # type: ignore[method-assign]
+    async with MythicClient(f"ws://{address}/v1/ws") as client:
+        before = stats.phrases
+        async with asyncio.timeout(120):
+            turn = await client.say("marla", "Tell me about the cellar and the rooms upstairs.")
+            events = [event async for event in turn]
+    assert any(isinstance(e, LLMStreamDelta) and e.final for e in events)
+    assert stats.phrases - before >= 2, turn.text  # a reply of more than one phrase
+    assert len(phrases_then) == 1 and 1 <= phrases_then[0] - before < stats.phrases - before
+    assert actor.last_turn is not None and actor.last_turn.intent is not None
 
 
 async def test_an_npc_calls_only_the_tools_its_card_lists(

@@ -490,15 +490,17 @@ class NPCActor:
             reply = self._generate(out, history, *out.told, user, retell=retell)
             async with contextlib.aclosing(reply):
                 async for text in reply:
-                    if decide and decision_task is None:
-                        # The decision (gold) starts once the reply has its first token, so
-                        # it cannot delay that token; it is needed only when the reply ends.
-                        decision_task = asyncio.create_task(self._decide(line))
                     if not speaking:
                         await cast.speakers.acquire()
                         speaking = True
                         self.machine.to(DialogueState.SPEAKING)
                     out.say(text)
+                    if decide and decision_task is None and out.phrases:
+                        # The decision is gold: the reply's steps wait while it runs. It is
+                        # needed only when the reply ends, so it starts once the first phrase
+                        # has gone to speech: it delays neither the first token nor the
+                        # first audio (the next phrase is decoded while that one is spoken).
+                        decision_task = asyncio.create_task(self._decide(line))
                     if out.capped:  # a spoken reply's last sentence: stop the model
                         out.reason = "stop"
                         cast.stats.capped += 1
@@ -1262,6 +1264,8 @@ class _TurnOutput:
             first_words=dialogue.first_phrase_words,
         )
         self._max_sentences = dialogue.spoken_max_sentences if line.spoken else 0
+        self.phrases = 0
+        """Phrases of the reply sent to speech synthesis so far."""
         self.capped = False
         """The reply has said its `spoken_max_sentences`: the turn stops generating."""
 
@@ -1302,6 +1306,7 @@ class _TurnOutput:
             self._phrase(phrase)
 
     def _phrase(self, text: str) -> None:
+        self.phrases += 1
         self.actor.cast.phrase(self.line.session_id, self.actor.npc_id, self.line.turn_id, text)
 
     def _flush_phrases(self) -> None:
