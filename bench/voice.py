@@ -25,12 +25,10 @@ window too); the ratio column is then against it.
 (`dialogue.decide`, a gold request on the same model; on by default, `--no-decide` is
 `--decide off`): what it costs the first audio.
 
-`--spoken-lore all,no-yield,parts` compares, in one run, a spoken line that waits for all
-its lore (`all`: `dialogue.prepare_step_tokens` 0 and `more_lore_tokens` 4096) with the
-lore evaluated in parts while the player speaks, the line telling the parts finished when
-it comes plus `more_lore_tokens` more: the parts going on until the line comes
-(`no-yield`: `dialogue.prepare_yields_to_final` off), or stopped when the player pauses,
-so that the final transcript has the CPU (`parts`: the default settings).
+`--spoken-lore all,parts` compares, in one run, a spoken line that waits for all its lore
+(`all`: `dialogue.prepare_step_tokens` 0 and `more_lore_tokens` 4096) with the default
+(`parts`): the lore is evaluated in parts while the player speaks, and the line tells the
+parts finished when they stop plus `more_lore_tokens` more.
 
 The server runs with the environment it is given: `MYTHIC_ENGINE__BACKEND=transformers
 MYTHIC_ENGINE__DEVICE=cuda` runs the model on a GPU with the transformers backend, and
@@ -42,8 +40,7 @@ Writes bench/results/voice.json (or `--out`).
     .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1] [--model NAME]
                                     [--decide off,on | --no-decide]
                                     [--baseline] [--asr-window-s S] [--server-log PATH]
-                                    [--first-phrase-words 0,6]
-                                    [--spoken-lore all,no-yield,parts]
+                                    [--first-phrase-words 0,6] [--spoken-lore all,parts]
                                     [--out PATH]
 """
 
@@ -91,21 +88,8 @@ QUESTIONS = [
     "Good evening, how are you?",
 ]
 SPOKEN_LORE: dict[str, dict[str, str | None]] = {
-    "all": {
-        "PREPARE_STEP_TOKENS": "0",
-        "MORE_LORE_TOKENS": "4096",
-        "PREPARE_YIELDS_TO_FINAL": "false",
-    },
-    "no-yield": {
-        "PREPARE_STEP_TOKENS": None,
-        "MORE_LORE_TOKENS": None,
-        "PREPARE_YIELDS_TO_FINAL": "false",
-    },
-    "parts": {
-        "PREPARE_STEP_TOKENS": None,
-        "MORE_LORE_TOKENS": None,
-        "PREPARE_YIELDS_TO_FINAL": None,
-    },
+    "all": {"PREPARE_STEP_TOKENS": "0", "MORE_LORE_TOKENS": "4096"},
+    "parts": {"PREPARE_STEP_TOKENS": None, "MORE_LORE_TOKENS": None},
 }
 """`--spoken-lore` rounds: the dialogue settings each sets (None: the setting's default)."""
 HOPS = ("asr_final", "first_token", "first_audio", "token_to_audio")
@@ -221,11 +205,10 @@ def main() -> None:
     parser.add_argument(
         "--spoken-lore",
         default=None,
-        help="rounds with each of these, e.g. all,no-yield,parts: `all` has every spoken line "
-        "wait for all its lore (dialogue.prepare_step_tokens 0, more_lore_tokens 4096), "
-        "`no-yield` the lore prepared in parts until the line comes "
-        "(prepare_yields_to_final off), `parts` the settings' own (parts stopped when the "
-        "player pauses); the ratio is against the first",
+        help="rounds with each of these, e.g. all,parts: `all` has every spoken line wait for "
+        "all its lore (dialogue.prepare_step_tokens 0, more_lore_tokens 4096), `parts` the "
+        "settings' own (the lore prepared while the player speaks, and more_lore_tokens more); "
+        "the ratio is against the first",
     )
     parser.add_argument(
         "--server-log",
@@ -313,7 +296,7 @@ def main() -> None:
     base = rounds[0]["client_ms"]
     print("end of speech -> each hop, ms, on the client (server's own trace in brackets)")
     print(
-        f"{'speakers':>8} {'ahead':<6}{'words':>5} {'lore':<9}{'decide':<7}{'hop':<16}"
+        f"{'speakers':>8} {'ahead':<6}{'words':>5} {'lore':<6}{'decide':<7}{'hop':<16}"
         f"{'p50':>8}{'p95':>8}{'p99':>8}{'server p50':>12}{'x p50':>7}"
     )
     for r in rounds:
@@ -322,7 +305,7 @@ def main() -> None:
             own = r["server_ms"].get(hop, {}).get("p50")
             print(
                 f"{r['speakers']:>8} {'on' if r['ahead'] else 'off':<6}"
-                f"{r['first_phrase_words']:>5} {r['spoken_lore']:<9}"
+                f"{r['first_phrase_words']:>5} {r['spoken_lore']:<6}"
                 f"{'on' if r['decide'] else 'off':<7}{hop:<16}"
                 f"{fmt(ms['p50'], '.0f'):>8}{fmt(ms['p95'], '.0f'):>8}"
                 f"{fmt(ms['p99'], '.0f'):>8}{fmt(own, '.0f'):>12}"

@@ -779,48 +779,6 @@ async def test_a_spoken_line_waits_for_no_more_lore_than_more_lore_tokens(
     assert len("\n".join(new)) <= budget
 
 
-async def test_a_pause_stops_the_lore_until_the_player_speaks_again(
-    engines: tuple[Engine, Engine], settings: MythicSettings
-) -> None:
-    """When the player pauses (the speech recogniser starts the final transcript), the lore
-    part being evaluated for them is stopped and no other starts, so the transcript gets the
-    CPU; their next words go on preparing. The line then tells at most `more_lore_tokens` of
-    lore beyond the parts finished (none here: a part of 4096 tokens never finishes)."""
-    talk = engines[0]
-    line = "Where can I buy silver in the Bone Market?"
-    budget = 4 * settings.dialogue.more_lore_tokens
-    dialogue = {"prepare_step_tokens": 4096}
-    async with running(engines, settings, chat=_chat(settings), dialogue=dialogue) as (_, gateway):
-        actor = gateway.cast.actor("marla")
-        stats = gateway.cast.stats
-        gateway.cast.prepare("spoken", "marla", "Where can I buy silver")
-        await until(lambda: actor._lore_step)
-        warm = actor._warm_task
-        assert warm is not None
-        gateway.cast.prepare("spoken", "marla", "", paused=True)
-        await until(warm.done)
-        assert warm.cancelled() and stats.lore_yields == 1
-        await until(lambda: talk.metrics().running == 0)
-        # Paused: words that come with no speech after them (a late hint) prepare nothing.
-        before, warm_ups = talk.metrics(), actor.warm_ups
-        await actor._prepare(PrepareLine("spoken", "Where can I buy silver in the Bone"))
-        assert talk.metrics().prompt_tokens == before.prompt_tokens
-        assert actor.warm_ups == warm_ups and "spoken" not in actor._prepared
-        # The player speaks again: the lore goes on.
-        gateway.cast.prepare("spoken", "marla", "Where can I buy silver in the Bone")
-        await until(lambda: actor._lore_step)
-        gateway.cast.prepare("spoken", "marla", "", paused=True)
-        await until(lambda: not actor._lore_step and stats.lore_yields == 2)
-        said = PlayerUtterance(npc_id="marla", session_id="spoken", turn_id="s-1", text=line)
-        gateway.cast.deliver("spoken", said, spoken=True)
-        await until(lambda: actor.last_turn is not None and actor.last_turn.turn_id == "s-1")
-        assert actor.last_turn is not None and actor.last_turn.finish in ("stop", "length")
-        assert "spoken" not in actor._paused
-        told = "\n\n".join(m.content for m in actor.histories["spoken"] if m.role == "system")
-    facts = _facts(told)
-    assert facts and len("\n".join(facts)) <= budget
-
-
 async def test_a_new_sessions_persona_is_evaluated_as_the_player_begins(
     engines: tuple[Engine, Engine], settings: MythicSettings
 ) -> None:

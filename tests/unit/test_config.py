@@ -61,7 +61,6 @@ def test_explicit_file_and_mythic_config(
         ("dialogue:\n  prepare_step_tokens: -1\n", r"dialogue\.prepare_step_tokens.*greater"),
         ("dialogue:\n  prepare_step_tokens: 99999\n", r"dialogue\.prepare_step_tokens.*less"),
         ("dialogue:\n  prepare_step_tokens: lots\n", r"dialogue\.prepare_step_tokens"),
-        ("dialogue:\n  prepare_yields_to_final: maybe\n", r"dialogue\.prepare_yields_to_final"),
     ],
 )
 def test_invalid_files_name_the_setting(no_config_env: Path, text: str, message: str) -> None:

@@ -210,11 +210,10 @@ class DialogueSettings(_Section):
     everything before their line (one-token requests on the dialogue tier). The lore is
     evaluated in parts of `prepare_step_tokens`, most relevant first; a later partial that
     retrieves other lore goes on with its lines. None is prepared before a partial has
-    `prepare_min_words` words. When the player pauses (`prepare_yields_to_final`) or their
-    line comes, a part still being evaluated is stopped (what it evaluated stays cached): a
-    spoken line's reply tells the lore prepared by then and at most `more_lore_tokens`
-    more, so its first token never waits for more lore than that, whatever the machine's
-    speed. A warm-up counts as a dialogue request in
+    `prepare_min_words` words. When the player stops, a part still being evaluated is
+    stopped (what it evaluated stays cached): a spoken line's reply tells the lore prepared
+    by then and at most `more_lore_tokens` more, so its first token never waits for more
+    lore than that, whatever the machine's speed. A warm-up counts as a dialogue request in
     `/v1/usage`. Right after each reply, too, a session whose next line would overflow the
     context has its prompt window moved and evaluated then, while the player listens (a
     one-token request). Off: nothing is prepared, and a spoken line tells all its lore."""
@@ -235,13 +234,6 @@ class DialogueSettings(_Section):
     relevant first: every one of them is evaluated after the player stops speaking. A
     prompt is prepared with room for them and the line. The later partials of a line may add
     this much lore to `knowledge.lore_tokens` in the prepared prompt."""
-
-    prepare_yields_to_final: bool = True
-    """When the player pauses (the speech recogniser starts the line's final transcript), a
-    part of the lore being prepared is stopped (what it evaluated stays cached) and no other
-    starts until they speak again: the transcript that the reply waits for gets the CPU. The
-    line then tells the parts finished and `more_lore_tokens` more. Off: parts go on until
-    the line comes."""
 
     @field_validator("first_phrase_words")
     @classmethod

@@ -224,9 +224,6 @@ class NPCActor:
         self._next_warm: PrepareLine | None = None
         self._lore_step = False
         """The warm-up is evaluating a part of a prepared prompt's lore (`_prepare_part`)."""
-        self._paused: set[str] = set()
-        """Sessions whose player paused (`PrepareLine.paused`): no lore part starts for them
-        until they speak again or their line comes."""
         self._window_start: dict[str, tuple[ChatMessage, bool]] = {}
         """Per session, the message its prompt window begins with (`_window`), or, flagged
         True, the message it follows (when an overflow dropped every exchange)."""
@@ -353,10 +350,7 @@ class NPCActor:
                     self.scene.time = update.time
                 if update.objects is not None:
                     self.scene.objects = update.objects
-            case PrepareLine(paused=True):
-                self._yield_to_final(event.session_id)
             case PrepareLine():
-                self._paused.discard(event.session_id)
                 if self._turn is not None or not self.cast.settings.dialogue.prefill_while_speaking:
                     return  # the engine is answering already: a warm-up would only slow it
                 if self._warm_task is None or self._warm_task.done():
@@ -375,7 +369,6 @@ class NPCActor:
                 if self._turn is not None and self._turn.line.session_id == session_id:
                     await self._stop_turn("cancelled", announce=False)
                     self._next_held(tasks)
-                self._paused.discard(session_id)
                 if forget:
                     self.histories.pop(session_id, None)
                     self._prepared.pop(session_id, None)
@@ -393,7 +386,6 @@ class NPCActor:
                 self._settle_after(tasks)
 
     def _start_turn(self, line: PlayerLine, tasks: asyncio.TaskGroup) -> None:
-        self._paused.discard(line.session_id)
         task = tasks.create_task(self._run_turn(line), name=f"turn {self.npc_id}/{line.turn_id}")
         self._turn = _Turn(line, task)
         task.add_done_callback(lambda _: self._turn_done())
@@ -564,21 +556,6 @@ class NPCActor:
                 told = self.cast.knowledge.fit_memory(self.npc_id, told)
             self._memory_told[session] = ChatMessage("system", told) if told else None
 
-    def _yield_to_final(self, session: str) -> None:
-        """The player of `session` paused and the final transcript of their line is being
-        made: stop a lore part under way for it (the engine keeps the KV it evaluated) and
-        start none until they speak again (`dialogue.prepare_yields_to_final`). The line's
-        first token waits for that transcript, which shares the CPU with the model."""
-        if not self.cast.settings.dialogue.prepare_yields_to_final:
-            return
-        self._paused.add(session)
-        if self._next_warm is not None and self._next_warm.session_id == session:
-            self._next_warm = None
-        task = self._warm_task
-        if task is not None and not task.done() and self._warming == session and self._lore_step:
-            task.cancel()
-            self.cast.stats.lore_yields += 1
-
     def _settle_after(self, tasks: asyncio.TaskGroup) -> None:
         """Once a reply is done and nothing else is running, `_settle` its session."""
         last = self.last_turn
@@ -643,8 +620,7 @@ class NPCActor:
         the KV is wanted (the engine keeps it per session, and the turn's prompt extends this
         one); the token generated is dropped. The lore goes in parts of
         `prepare_step_tokens`, most relevant first, one request each, until all of it is in,
-        a turn starts, newer words wait or the player pauses (`_yield_to_final`); `_prepared`
-        holds the parts finished. Prepared
+        a turn starts or newer words wait; `_prepared` holds the parts finished. Prepared
         already: nothing is evaluated.
         """
         session = prep.session_id
@@ -660,8 +636,8 @@ class NPCActor:
                 await self._prepare_head(session)
             return
         told = await self._context(session, prep.text)
-        if self._turn is not None or session in self._paused:
-            return  # the line came (or may come) while the lore was retrieved: no more lore
+        if self._turn is not None:
+            return  # the line came while the lore was retrieved: it waits for no more
         step = _CHARS_PER_TOKEN * settings.dialogue.prepare_step_tokens or None
         prepared = self._prepared.get(session)
         if prepared is None or prepared.scene != told.scene:
@@ -673,7 +649,7 @@ class NPCActor:
         # retrieves other lines too; the line's prepared lore grows by `more_lore_tokens` at
         # most beyond the lore budget).
         limit = _CHARS_PER_TOKEN * (settings.knowledge.lore_tokens + self._more_lore_tokens())
-        while self._turn is None and self._next_warm is None and session not in self._paused:
+        while self._turn is None and self._next_warm is None:
             room = limit - len(prepared.lore or "")
             if room <= 0:
                 return

@@ -96,8 +96,6 @@ class DialogueStats:
     phrases: int = 0
     warm_ups: int = 0
     """Reply prompts prepared while the player was still speaking (`PrepareLine`)."""
-    lore_yields: int = 0
-    """Lore parts stopped because the player paused (`dialogue.prepare_yields_to_final`)."""
     capped: int = 0
     """Spoken replies stopped at `dialogue.spoken_max_sentences` sentences."""
     reply_prompt_tokens: int = 0
@@ -192,28 +190,20 @@ class Cast:
         return actor
 
     def prepare(
-        self,
-        session_id: str,
-        npc_id: str,
-        text: str,
-        *,
-        player_id: str | None = None,
-        paused: bool = False,
+        self, session_id: str, npc_id: str, text: str, *, player_id: str | None = None
     ) -> None:
         """The player is speaking to `npc_id`; `text` is what they said so far (a partial
         transcript; empty as they begin). The NPC prepares its answer's prompt meanwhile
         (`dialogue.prefill_while_speaking`): with too few words for lore
         (`dialogue.prepare_min_words`), only a new session's persona and memory; a hint,
-        dropped when the NPC is busy. `paused`: the player paused (the final transcript is
-        being made); the lore not yet evaluated waits for their next words
-        (`dialogue.prepare_yields_to_final`).
+        dropped when the NPC is busy.
 
         Raises:
             UnknownNPCError: the world has no such NPC.
         """
         actor = self.actor(npc_id)
         with contextlib.suppress(MailboxFullError, MailboxClosedError):
-            actor.deliver(PrepareLine(session_id, text, player_id, paused))
+            actor.deliver(PrepareLine(session_id, text, player_id))
 
     def deliver(
         self,

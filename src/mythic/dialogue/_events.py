@@ -35,10 +35,6 @@ class PrepareLine:
     session_id: str
     text: str
     player_id: str | None = None
-    paused: bool = False
-    """The player paused: the line may be over (the speech recogniser is making its final
-    transcript). The lore still to evaluate waits until they speak again
-    (`dialogue.prepare_yields_to_final`); `text` is not used."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -330,13 +330,7 @@ class _Channel:
             await self.task
 
     async def _events(self) -> None:
-        from mythic.speech import (
-            FinalTranscript,
-            PartialTranscript,
-            SpeechEnded,
-            SpeechPaused,
-            SpeechStarted,
-        )
+        from mythic.speech import FinalTranscript, PartialTranscript, SpeechEnded, SpeechStarted
 
         ended_at: float | None = None
         async for event in self.listener:
@@ -346,11 +340,8 @@ class _Channel:
                         self._started()
                     case PartialTranscript(utterance=number, transcript=transcript):
                         self._partial(self._turns.get(number, ""), transcript.text)
-                    case SpeechPaused():
-                        self._paused()
                     case SpeechEnded(at_s=at_s):
                         ended_at = self.arrived_at(at_s)
-                        self._paused()
                     case FinalTranscript():
                         end = ended_at if ended_at is not None else time.perf_counter()
                         self._final(event, end)
@@ -393,13 +384,6 @@ class _Channel:
             # The NPC prepares its answer's prompt while the player is still speaking.
             with contextlib.suppress(MythicError):
                 self.hub.cast.prepare(self.session_id, self.npc_id, text, player_id=self.player_id)
-
-    def _paused(self) -> None:
-        """The player paused or stopped: the final transcript is being made, and the NPC's
-        lore preparation waits (`dialogue.prepare_yields_to_final`) so that it gets the CPU."""
-        if self.ducked is None or self.cut:
-            with contextlib.suppress(MythicError):
-                self.hub.cast.prepare(self.session_id, self.npc_id, "", paused=True)
 
     def _cut_off(self) -> None:
         speech, self.cut = self.ducked, True
