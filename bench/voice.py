@@ -220,6 +220,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.model:
         os.environ["MYTHIC_ENGINE__DIALOGUE_MODEL"] = args.model
+    if args.decide and args.no_decide:
+        parser.error("give --decide or --no-decide, not both")
     decides = args.decide.split(",") if args.decide else ["off" if args.no_decide else "on"]
     if set(decides) - {"off", "on"}:
         parser.error("--decide takes off and on")

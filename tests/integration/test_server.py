@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import json
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -197,9 +197,9 @@ async def test_the_decision_starts_once_the_replys_first_phrase_is_out(
     phrases_then: list[int] = []
     decide = actor._decide
 
-    async def watched(line: PlayerLine) -> Decision | None:
-        phrases_then.append(stats.phrases)
-        return await decide(line)
+    def watched(line: PlayerLine) -> Coroutine[Any, Any, Decision | None]:
+        phrases_then.append(stats.phrases)  # when the task is created, not when it runs
+        return decide(line)
 
     actor._decide = watched  # type: ignore[method-assign]
     async with MythicClient(f"ws://{address}/v1/ws") as client:

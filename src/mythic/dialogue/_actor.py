@@ -488,15 +488,16 @@ class NPCActor:
                         self.machine.to(DialogueState.SPEAKING)
                     out.say(text)
                     if decide and decision_task is None and out.phrases:
-                        # The decision is gold: the reply's steps wait while it runs. It is
-                        # needed only when the reply ends, so it starts once the first phrase
-                        # has gone to speech: it delays neither the first token nor the
-                        # first audio (the next phrase is decoded while that one is spoken).
+                        # The decision shares the engine with the reply and is needed only
+                        # when the reply ends: it starts once the first phrase has gone to
+                        # speech, so it delays neither the first token nor the first audio
+                        # (the next phrase is decoded while that one is spoken).
                         decision_task = asyncio.create_task(self._decide(line))
                     if out.capped:  # a spoken reply's last sentence: stop the model
                         out.reason = "stop"
                         cast.stats.capped += 1
                         break
+            out.flush_phrases()  # the reply's last words are spoken while the decision ends
             if decide and decision_task is None:
                 decision_task = asyncio.create_task(self._decide(line))
             decision = await decision_task if decision_task else None
@@ -1241,7 +1242,8 @@ class _TurnOutput:
         )
         self._max_sentences = dialogue.spoken_max_sentences if line.spoken else 0
         self.phrases = 0
-        """Phrases of the reply sent to speech synthesis so far."""
+        """Phrases of the reply given to the cast (`Cast.phrase`: speech synthesis, where
+        the session has voice) so far."""
         self.capped = False
         """The reply has said its `spoken_max_sentences`: the turn stops generating."""
 
@@ -1285,13 +1287,14 @@ class _TurnOutput:
         self.phrases += 1
         self.actor.cast.phrase(self.line.session_id, self.actor.npc_id, self.line.turn_id, text)
 
-    def _flush_phrases(self) -> None:
+    def flush_phrases(self) -> None:
+        """Send the words the phrase buffer holds to speech (the reply has ended)."""
         rest = self._phrases.flush()
         if rest:
             self._phrase(rest)
 
     def end_segment(self, reason: Finish) -> None:
-        self._flush_phrases()
+        self.flush_phrases()
         self._delta("", final=True, reason=reason)
         self._segment_open = False
 
