@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from mythic.config import MythicSettings
+from mythic.dialogue import TOOLS, decision_schema
 from mythic.engine import (
     Backend,
     BackendError,
@@ -283,6 +284,91 @@ async def test_a_gbnf_grammar_constrains_the_reply(smollm: Engine) -> None:
         GenerationRequest(npc_id="guard", prompt="Will you open the gate?", grammar=grammar),
     )
     assert c.text in {"yes.", "no."}
+
+
+def _constrained_greedy(name: str) -> list[GenerationRequest]:
+    """Greedy requests under a grammar: the per-line decision as the actor asks it (all tools),
+    the intent schema, a GBNF grammar; a repeat penalty on some, none on others."""
+    decision = decision_schema(
+        list(TOOLS), places=["old_town", "mill", "cathedral"], targets=["player"]
+    )
+    asks = [
+        ChatMessage(
+            "system",
+            "You decide what Marla, a barkeep, does when the player speaks.\n"
+            + "Actions: "
+            + ", ".join(TOOLS)
+            + "."
+            + '\nAnswer with JSON: {"intent": ..., "action": null or {"name", "args"}}.',
+        ),
+    ]
+    requests = [
+        GenerationRequest(
+            npc_id=f"{name}-decide-{i}",
+            messages=[*asks, ChatMessage("user", question)],
+            priority=Priority.GOLD,
+            json_schema=decision,
+            sampling=Sampling(max_tokens=48, temperature=0.0),
+        )
+        for i, question in enumerate(["Where is the old mill?", "Give me an ale.", "Hello!"])
+    ]
+    requests.append(
+        GenerationRequest(
+            npc_id=f"{name}-intent",
+            prompt="The ghoul sees the player near the crypt. Its intent as JSON: ",
+            json_schema=Intent.model_json_schema(),
+            sampling=Sampling(max_tokens=64, temperature=0.0, repeat_penalty=1.0),
+        )
+    )
+    requests.append(
+        GenerationRequest(
+            npc_id=f"{name}-gate",
+            prompt="Will you open the gate?",
+            grammar='root ::= ("yes" | "no" | "never") ", " [a-z ]{3,30} "."',
+            sampling=Sampling(max_tokens=24, temperature=0.0),
+        )
+    )
+    return requests
+
+
+@pytest.mark.parametrize("model", ["smollm", "qwen"])
+async def test_a_grammar_checking_the_greedy_pick_first_gives_the_same_tokens(
+    model: str, request: pytest.FixtureRequest
+) -> None:
+    """The cheap way round (the pick first, then the grammar on it, then on the next most
+    likely, then on the whole vocabulary) must give exactly what llama.cpp's grammar-first
+    chain gives; each of its three paths is taken."""
+    engine: Engine = request.getfixturevalue(model)
+    backend = engine.backend
+    assert isinstance(backend, LlamaCppBackend)
+    assert backend.check_grammar_first  # the default
+
+    async def texts(tag: str) -> list[str]:
+        return [(await run(engine, r)).text for r in _constrained_greedy(f"{model}-{tag}")]
+
+    tries = backend.grammar_tries
+    backend.check_grammar_first = False
+    try:
+        before = dict(backend.grammar_picks)
+        whole = await texts("whole")
+        assert backend.grammar_picks == before  # the baseline never took the checked path
+        backend.check_grammar_first = True
+        checked = await texts("checked")
+        picks = {k: backend.grammar_picks[k] - before[k] for k in before}
+        assert checked == whole
+        assert picks["checked"] >= sum(len(t) > 0 for t in whole)
+        assert picks["refused"] > 0  # the unconstrained pick was refused and the next taken
+        # With no second chance the grammar matches the whole vocabulary after a refusal.
+        backend.grammar_tries = ()
+        refused = backend.grammar_picks["whole"]
+        assert await texts("no-tries") == whole
+        assert backend.grammar_picks["whole"] > refused
+    finally:
+        backend.check_grammar_first = True
+        backend.grammar_tries = tries
+    for text in whole[:4]:
+        json.loads(text)
+    assert whole[4].split(",")[0] in {"yes", "no", "never"}
 
 
 @pytest.mark.parametrize(

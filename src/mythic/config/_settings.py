@@ -104,6 +104,13 @@ class EngineSettings(_Section):
     """Make each NPC's output independent of which other NPCs share its batch (greedy replies
     are then reproducible), at some cost in speed; off lets llama.cpp use its fastest kernels."""
 
+    grammar_check_first: bool = True
+    """A greedy request with a JSON schema or grammar (the per-line decision, intents): pick
+    the most likely token, then ask the grammar whether it may come next, and match the whole
+    vocabulary against it only when neither it nor the next most likely tokens may. The
+    tokens are the same either way; off, llama.cpp matches all of a 152k vocabulary at every
+    token (`bench/decision.py` measures both)."""
+
     gold_preempts: bool = True
     """A gold request (the player's current partner, intents) stops a model step already
     running for other NPCs, runs first, and the stopped step is redone. Gold then never waits
