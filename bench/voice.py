@@ -25,6 +25,10 @@ window too); the ratio column is then against it.
 (`dialogue.decide`, a gold request on the same model; on by default, `--no-decide` is
 `--decide off`): what it costs the first audio.
 
+`--grammar whole,checked` compares rounds with the decision's grammar matched over the whole
+vocabulary at every token and checked on the greedy pick first (`engine.grammar_check_first`,
+the default; the same tokens, see bench/decision.py).
+
 `--spoken-lore all,parts` compares, in one run, a spoken line that waits for all its lore
 (`all`: `dialogue.prepare_step_tokens` 0 and `more_lore_tokens` 4096) with the default
 (`parts`): the lore is evaluated in parts while the player speaks, and the line tells the
@@ -39,6 +43,7 @@ Writes bench/results/voice.json (or `--out`).
 
     .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1] [--model NAME]
                                     [--decide off,on | --no-decide]
+                                    [--grammar whole,checked]
                                     [--baseline] [--asr-window-s S] [--server-log PATH]
                                     [--first-phrase-words 0,6] [--spoken-lore all,parts]
                                     [--out PATH]
@@ -92,6 +97,8 @@ SPOKEN_LORE: dict[str, dict[str, str | None]] = {
     "parts": {"PREPARE_STEP_TOKENS": None, "MORE_LORE_TOKENS": None},
 }
 """`--spoken-lore` rounds: the dialogue settings each sets (None: the setting's default)."""
+GRAMMAR = {"whole": "false", "checked": "true"}
+"""`--grammar` rounds: engine.grammar_check_first."""
 HOPS = ("asr_final", "first_token", "first_audio", "token_to_audio")
 """Times from the end of the player's speech; `token_to_audio`: from the reply's first token
 to its first audio (`dialogue.first_phrase_words` acts there)."""
@@ -182,6 +189,13 @@ def main() -> None:
         "with --no-decide); the ratio is against the first",
     )
     parser.add_argument(
+        "--grammar",
+        default=None,
+        help="rounds with the grammar of greedy constrained requests (the decision) matched "
+        "over the whole vocabulary and checked on the pick first, e.g. whole,checked "
+        "(default: the setting's, checked); the ratio is against the first",
+    )
+    parser.add_argument(
         "--baseline",
         action="store_true",
         help="first a round with the work ahead of the line's end off (no prompt prepared "
@@ -225,6 +239,9 @@ def main() -> None:
     decides = args.decide.split(",") if args.decide else ["off" if args.no_decide else "on"]
     if set(decides) - {"off", "on"}:
         parser.error("--decide takes off and on")
+    grammars = args.grammar.split(",") if args.grammar else [None]
+    if set(grammars) - {None, *GRAMMAR}:
+        parser.error(f"--grammar takes {', '.join(GRAMMAR)}")
     counts = [int(n) for n in args.speakers.split(",")]
     audio = asyncio.run(synthesise())
     rounds: list[dict[str, Any]] = []
@@ -239,16 +256,21 @@ def main() -> None:
     if set(lores) - set(SPOKEN_LORE):
         parser.error(f"--spoken-lore takes {', '.join(SPOKEN_LORE)}")
     plan = [
-        (count, True, w, lore, decide)
+        (count, True, w, lore, decide, grammar)
         for count in counts
         for w in words or [default_words]
         for lore in lores
         for decide in decides
+        for grammar in grammars
     ]
     if args.baseline:
         plan.insert(0, (counts[0], False, *plan[0][2:]))
-    for count, ahead, first_words, lore, decide in plan:
+    for count, ahead, first_words, lore, decide, grammar in plan:
         os.environ["MYTHIC_DIALOGUE__FIRST_PHRASE_WORDS"] = str(first_words)
+        if grammar is None:
+            os.environ.pop("MYTHIC_ENGINE__GRAMMAR_CHECK_FIRST", None)
+        else:
+            os.environ["MYTHIC_ENGINE__GRAMMAR_CHECK_FIRST"] = GRAMMAR[grammar]
         os.environ["MYTHIC_DIALOGUE__DECIDE"] = "true" if decide == "on" else "false"
         for name, value in SPOKEN_LORE[lore].items():
             if value is None:
@@ -287,6 +309,7 @@ def main() -> None:
                 "first_phrase_words": first_words,
                 "spoken_lore": lore,
                 "decide": decide == "on",
+                "grammar": grammar or "setting",
                 "utterances": len(rows),
                 "answered": sum(1 for r in rows if r["first_audio"] is not None),
                 "client_ms": hops,
@@ -298,8 +321,8 @@ def main() -> None:
     base = rounds[0]["client_ms"]
     print("end of speech -> each hop, ms, on the client (server's own trace in brackets)")
     print(
-        f"{'speakers':>8} {'ahead':<6}{'words':>5} {'lore':<6}{'decide':<7}{'hop':<16}"
-        f"{'p50':>8}{'p95':>8}{'p99':>8}{'server p50':>12}{'x p50':>7}"
+        f"{'speakers':>8} {'ahead':<6}{'words':>5} {'lore':<6}{'decide':<7}{'grammar':<9}"
+        f"{'hop':<16}{'p50':>8}{'p95':>8}{'p99':>8}{'server p50':>12}{'x p50':>7}"
     )
     for r in rounds:
         for hop in HOPS:
@@ -308,7 +331,7 @@ def main() -> None:
             print(
                 f"{r['speakers']:>8} {'on' if r['ahead'] else 'off':<6}"
                 f"{r['first_phrase_words']:>5} {r['spoken_lore']:<6}"
-                f"{'on' if r['decide'] else 'off':<7}{hop:<16}"
+                f"{'on' if r['decide'] else 'off':<7}{r['grammar']:<9}{hop:<16}"
                 f"{fmt(ms['p50'], '.0f'):>8}{fmt(ms['p95'], '.0f'):>8}"
                 f"{fmt(ms['p99'], '.0f'):>8}{fmt(own, '.0f'):>12}"
                 f"{fmt(ratio(ms['p50'], base[hop]['p50']), '.2f'):>7}"
