@@ -1,12 +1,19 @@
-"""The per-line decision's grammar: matched over the whole vocabulary, or on the pick first.
+"""What the per-line decision costs, and what two engine settings save of it.
 
 Every spoken or typed line ends with a decision (the player's intent and at most one game
 tool): a greedy gold request under a JSON schema, on the dialogue model, in the engine's one
-worker thread. llama.cpp's grammar sampler matches every token of the vocabulary against the
-grammar at every step (`whole`, `engine.grammar_check_first: false`); the default (`checked`)
-asks the grammar about the greedy pick first, then about the next most likely tokens, and
-matches the whole vocabulary only when none of them may come next. Both give the same tokens
-(tests/integration/test_engine.py); this measures what each costs.
+worker thread. Three configurations, in one run:
+
+- `before`: llama.cpp's grammar sampler matches every token of the vocabulary against the
+  grammar at every step (`engine.grammar_check_first: false`), and a step that advances the
+  decision also evaluates other NPCs' prompts in full chunks (`engine.prefill_beside_gold`
+  as large as a step).
+- `grammar`: the grammar is asked about the greedy pick first, then about the next most likely
+  tokens, and matches the whole vocabulary only when none of them may come next (the same
+  tokens: tests/integration/test_engine.py).
+- `steps`: that, and a step that advances a gold request evaluates at most
+  `prefill_beside_gold` (16) tokens of other prompts, so each of the decision's tokens does not
+  wait for them. The defaults.
 
 The decisions are the actor's own (`NPCActor._decide`: its prompt, its schema, through the
 router) on the default models (Qwen2.5 0.5B for dialogue and decisions, 152k tokens), for the
@@ -18,7 +25,7 @@ that both see the same machine:
   decisions run, four at a time: the replies' time between tokens (a step waits for the
   decisions' sampling in the same thread) and to their last token.
 
-Ratio: `checked` against `whole` (p50), in the same run. Writes bench/results/decision.json.
+Ratio: against `before` (p50), in the same run. Writes bench/results/decision.json.
 
     .venv/bin/python bench/decision.py [--rounds 3] [--threads N] [--out PATH]
 """
@@ -54,7 +61,12 @@ from mythic.route import open_router  # noqa: E402
 from voice import NPCS, QUESTIONS  # noqa: E402  (the voice bench's NPCs and 20 questions)
 
 WORLD = ROOT / "examples" / "worlds" / "ravenmoor"
-MODES = {"whole": False, "checked": True}
+MODES: dict[str, tuple[bool, int | None]] = {
+    "before": (False, None),
+    "grammar": (True, None),
+    "steps": (True, 16),
+}
+"""Configuration: engine.grammar_check_first, engine.prefill_beside_gold (None: a whole step)."""
 REPLY_TOKENS = 48
 
 
@@ -122,20 +134,26 @@ async def run(rounds: int) -> list[dict[str, Any]]:
     settings = load_settings()
     world = load_world(WORLD)
     router, engines = open_router(settings)
-    backends = [e.backend for e in engines if isinstance(e.backend, LlamaCppBackend)]
     dialogue = next(e for e in engines if e.backend.name == settings.engine.dialogue_model)
     cast = Cast(world, router, settings, lambda session, message: None)
     out: list[dict[str, Any]] = []
     try:
         # Warm up both paths (first decisions build the actors and the prompts' caches).
-        for warm in MODES.values():
-            for b in backends:
-                b.check_grammar_first = warm
-            await decide_alone(cast, f"warm-{warm}")
+        def configure(check: bool, beside_gold: int | None) -> None:
+            for engine in engines:
+                if isinstance(engine.backend, LlamaCppBackend):
+                    engine.backend.check_grammar_first = check
+                step = engine.config.scheduler
+                step.prefill_beside_gold = (
+                    step.max_batch_tokens if beside_gold is None else beside_gold
+                )
+
+        for mode, config in MODES.items():  # warm-up: actors, prompts' caches, both samplers
+            configure(*config)
+            await decide_alone(cast, f"warm-{mode}")
         for r in range(rounds):
-            for mode, check in MODES.items():
-                for b in backends:
-                    b.check_grammar_first = check
+            for mode, config in MODES.items():
+                configure(*config)
                 tag = f"{mode}-{r}"
                 before = dict(dialogue.backend.grammar_picks)  # type: ignore[attr-defined]
                 alone = await decide_alone(cast, tag)
@@ -182,7 +200,7 @@ def main() -> None:
     rows = asyncio.run(run(args.rounds))
     summary = {}
     print(f"\nmedian over {args.rounds} rounds of each round's p50 / p95, ms")
-    print(f"{'measure':<28}{'whole p50':>10}{'p95':>8}{'checked p50':>13}{'p95':>8}{'x p50':>7}")
+    print(f"{'measure':<26}{'config':<9}{'p50':>9}{'p95':>9}{'x p50':>7}")
     for key, name in (
         ("alone_ms", "decision alone"),
         ("decision_ms", "decision beside replies"),
@@ -195,13 +213,14 @@ def main() -> None:
             }
             for mode in MODES
         }
-        x = ratio(cells["checked"]["p50"], cells["whole"]["p50"])
-        summary[key] = cells | {"checked_vs_whole_p50": x}
-        whole, checked = cells["whole"], cells["checked"]
-        print(
-            f"{name:<28}{fmt(whole['p50'], '.1f'):>10}{fmt(whole['p95'], '.1f'):>8}"
-            f"{fmt(checked['p50'], '.1f'):>13}{fmt(checked['p95'], '.1f'):>8}{fmt(x, '.2f'):>7}"
-        )
+        summary[key] = cells
+        for mode, cell in cells.items():
+            x = ratio(cell["p50"], cells["before"]["p50"])
+            cell["x_p50"] = x
+            print(
+                f"{name:<26}{mode:<9}{fmt(cell['p50'], '.1f'):>9}{fmt(cell['p95'], '.1f'):>9}"
+                f"{fmt(x, '.2f'):>7}"
+            )
     settings = load_settings()
     write_results(
         args.out.resolve(),

@@ -25,9 +25,12 @@ window too); the ratio column is then against it.
 (`dialogue.decide`, a gold request on the same model; on by default, `--no-decide` is
 `--decide off`): what it costs the first audio.
 
-`--grammar whole,checked` compares rounds with the decision's grammar matched over the whole
-vocabulary at every token and checked on the greedy pick first (`engine.grammar_check_first`,
-the default; the same tokens, see bench/decision.py).
+`--decision-engine before,grammar,steps` compares rounds with the engine settings that make the
+decision cheaper (bench/decision.py): `before` has llama.cpp's grammar match the whole
+vocabulary at every token (`engine.grammar_check_first: false`) and the decision's steps
+evaluate other prompts in full chunks (`engine.prefill_beside_gold` a whole step); `grammar`
+checks the greedy pick first; `steps` (the defaults) also keeps a gold step's other prompt
+tokens to `prefill_beside_gold`.
 
 `--spoken-lore all,parts` compares, in one run, a spoken line that waits for all its lore
 (`all`: `dialogue.prepare_step_tokens` 0 and `more_lore_tokens` 4096) with the default
@@ -43,7 +46,7 @@ Writes bench/results/voice.json (or `--out`).
 
     .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1] [--model NAME]
                                     [--decide off,on | --no-decide]
-                                    [--grammar whole,checked]
+                                    [--decision-engine before,grammar,steps]
                                     [--baseline] [--asr-window-s S] [--server-log PATH]
                                     [--first-phrase-words 0,6] [--spoken-lore all,parts]
                                     [--out PATH]
@@ -97,8 +100,13 @@ SPOKEN_LORE: dict[str, dict[str, str | None]] = {
     "parts": {"PREPARE_STEP_TOKENS": None, "MORE_LORE_TOKENS": None},
 }
 """`--spoken-lore` rounds: the dialogue settings each sets (None: the setting's default)."""
-GRAMMAR = {"whole": "false", "checked": "true"}
-"""`--grammar` rounds: engine.grammar_check_first."""
+DECISION_ENGINE: dict[str, dict[str, str | None]] = {
+    "before": {"GRAMMAR_CHECK_FIRST": "false", "PREFILL_BESIDE_GOLD": "512"},
+    "grammar": {"GRAMMAR_CHECK_FIRST": "true", "PREFILL_BESIDE_GOLD": "512"},
+    "steps": {"GRAMMAR_CHECK_FIRST": None, "PREFILL_BESIDE_GOLD": None},
+}
+"""`--decision-engine` rounds: the engine settings each sets (None: the setting's default; 512
+is `engine.n_batch`, a whole step)."""
 HOPS = ("asr_final", "first_token", "first_audio", "token_to_audio")
 """Times from the end of the player's speech; `token_to_audio`: from the reply's first token
 to its first audio (`dialogue.first_phrase_words` acts there)."""
@@ -189,11 +197,10 @@ def main() -> None:
         "with --no-decide); the ratio is against the first",
     )
     parser.add_argument(
-        "--grammar",
+        "--decision-engine",
         default=None,
-        help="rounds with the grammar of greedy constrained requests (the decision) matched "
-        "over the whole vocabulary and checked on the pick first, e.g. whole,checked "
-        "(default: the setting's, checked); the ratio is against the first",
+        help="rounds with the engine settings that make the decision cheaper, e.g. "
+        "before,grammar,steps (default: the settings', steps); the ratio is against the first",
     )
     parser.add_argument(
         "--baseline",
@@ -239,9 +246,9 @@ def main() -> None:
     decides = args.decide.split(",") if args.decide else ["off" if args.no_decide else "on"]
     if set(decides) - {"off", "on"}:
         parser.error("--decide takes off and on")
-    grammars = args.grammar.split(",") if args.grammar else [None]
-    if set(grammars) - {None, *GRAMMAR}:
-        parser.error(f"--grammar takes {', '.join(GRAMMAR)}")
+    engines = args.decision_engine.split(",") if args.decision_engine else ["steps"]
+    if set(engines) - set(DECISION_ENGINE):
+        parser.error(f"--decision-engine takes {', '.join(DECISION_ENGINE)}")
     counts = [int(n) for n in args.speakers.split(",")]
     audio = asyncio.run(synthesise())
     rounds: list[dict[str, Any]] = []
@@ -256,21 +263,22 @@ def main() -> None:
     if set(lores) - set(SPOKEN_LORE):
         parser.error(f"--spoken-lore takes {', '.join(SPOKEN_LORE)}")
     plan = [
-        (count, True, w, lore, decide, grammar)
+        (count, True, w, lore, decide, engine)
         for count in counts
         for w in words or [default_words]
         for lore in lores
         for decide in decides
-        for grammar in grammars
+        for engine in engines
     ]
     if args.baseline:
         plan.insert(0, (counts[0], False, *plan[0][2:]))
-    for count, ahead, first_words, lore, decide, grammar in plan:
+    for count, ahead, first_words, lore, decide, engine in plan:
         os.environ["MYTHIC_DIALOGUE__FIRST_PHRASE_WORDS"] = str(first_words)
-        if grammar is None:
-            os.environ.pop("MYTHIC_ENGINE__GRAMMAR_CHECK_FIRST", None)
-        else:
-            os.environ["MYTHIC_ENGINE__GRAMMAR_CHECK_FIRST"] = GRAMMAR[grammar]
+        for name, value in DECISION_ENGINE[engine].items():
+            if value is None:
+                os.environ.pop(f"MYTHIC_ENGINE__{name}", None)
+            else:
+                os.environ[f"MYTHIC_ENGINE__{name}"] = value
         os.environ["MYTHIC_DIALOGUE__DECIDE"] = "true" if decide == "on" else "false"
         for name, value in SPOKEN_LORE[lore].items():
             if value is None:
@@ -282,14 +290,14 @@ def main() -> None:
         os.environ["MYTHIC_SPEECH__EARLY_FINAL_MS"] = "128" if ahead else "0"
         # The baseline's Whisper encodes faster-whisper's full 30 s window for every
         # transcript, partials too, as before `speech.asr_window_s` and `partial_window_s`.
-        for name, value in (
+        for name, window in (
             ("ASR_WINDOW_S", args.asr_window_s if ahead else 30),
             ("PARTIAL_WINDOW_S", None if ahead else 30),
         ):
-            if value is None:
+            if window is None:
                 os.environ.pop(f"MYTHIC_SPEECH__{name}", None)
             else:
-                os.environ[f"MYTHIC_SPEECH__{name}"] = str(value)
+                os.environ[f"MYTHIC_SPEECH__{name}"] = str(window)
         with spawned_server(
             WORLD, threads=args.threads, voice=True, nice=0, log_to=args.server_log
         ) as url:
@@ -297,7 +305,7 @@ def main() -> None:
             address = url.removeprefix("ws://").removesuffix("/v1/ws")
             server = asyncio.run(server_hops(address))
         edits = sum(wer(r["question"], r["heard"] or "")[0] for r in rows)
-        words = sum(wer(r["question"], "")[1] for r in rows)
+        said = sum(wer(r["question"], "")[1] for r in rows)
         for r in rows:  # the speaking hop alone: the first phrase's tokens, then its synthesis
             done = r["first_audio"] is not None and r["first_token"] is not None
             r["token_to_audio"] = r["first_audio"] - r["first_token"] if done else None
@@ -309,19 +317,19 @@ def main() -> None:
                 "first_phrase_words": first_words,
                 "spoken_lore": lore,
                 "decide": decide == "on",
-                "grammar": grammar or "setting",
+                "decision_engine": engine,
                 "utterances": len(rows),
                 "answered": sum(1 for r in rows if r["first_audio"] is not None),
                 "client_ms": hops,
                 "server_ms": server,
-                "wer": round(edits / words, 3) if words else None,
+                "wer": round(edits / said, 3) if said else None,
                 "rows": rows,
             }
         )
     base = rounds[0]["client_ms"]
     print("end of speech -> each hop, ms, on the client (server's own trace in brackets)")
     print(
-        f"{'speakers':>8} {'ahead':<6}{'words':>5} {'lore':<6}{'decide':<7}{'grammar':<9}"
+        f"{'speakers':>8} {'ahead':<6}{'words':>5} {'lore':<6}{'decide':<7}{'engine':<8}"
         f"{'hop':<16}{'p50':>8}{'p95':>8}{'p99':>8}{'server p50':>12}{'x p50':>7}"
     )
     for r in rounds:
@@ -331,7 +339,7 @@ def main() -> None:
             print(
                 f"{r['speakers']:>8} {'on' if r['ahead'] else 'off':<6}"
                 f"{r['first_phrase_words']:>5} {r['spoken_lore']:<6}"
-                f"{'on' if r['decide'] else 'off':<7}{r['grammar']:<9}{hop:<16}"
+                f"{'on' if r['decide'] else 'off':<7}{r['decision_engine']:<8}{hop:<16}"
                 f"{fmt(ms['p50'], '.0f'):>8}{fmt(ms['p95'], '.0f'):>8}"
                 f"{fmt(ms['p99'], '.0f'):>8}{fmt(own, '.0f'):>12}"
                 f"{fmt(ratio(ms['p50'], base[hop]['p50']), '.2f'):>7}"

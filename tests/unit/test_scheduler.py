@@ -151,6 +151,30 @@ def test_gold_prompt_is_not_held_to_the_silver_chunk() -> None:
     assert chunk.sample
 
 
+def test_a_step_with_gold_evaluates_few_other_prompt_tokens_and_every_other_decode() -> None:
+    cfg = SchedulerConfig(prefill_chunk=64, max_batch_tokens=512, prefill_beside_gold=16)
+    sched = Scheduler(cfg)
+    talking = entry(Priority.SILVER, prompt=4)
+    sched.add(talking)
+    step(sched)
+    prompts = [entry(Priority.SILVER, prompt=600) for _ in range(3)]
+    for e in prompts:
+        sched.add(e)
+    out = tokens_by_request(step(sched))
+    assert [out[e.request_id] for e in prompts] == [64, 64, 64]  # no gold: whole chunks
+    gold = entry(Priority.GOLD, prompt=8, max_tokens=6)
+    sched.add(gold)
+    for n in range(6):  # the gold prompt in one step, then a token a step
+        out = sched.schedule(0.0)
+        tokens = tokens_by_request(out)
+        assert tokens[gold.request_id] == (8 if n == 0 else 1)
+        assert tokens[talking.request_id] == 1  # decodes are not held back
+        assert sum(tokens.get(e.request_id, 0) for e in prompts) == 16
+        sched.update(out, finished=[gold.request_id] if n == 5 else (), step_seconds=0.01)
+    out = tokens_by_request(step(sched))
+    assert sum(out.get(e.request_id, 0) for e in prompts) == 192  # gold gone: whole chunks
+
+
 def test_token_budget_bounds_every_step() -> None:
     cfg = SchedulerConfig(prefill_chunk=100, max_batch_tokens=128)
     sched = Scheduler(cfg)
@@ -313,7 +337,10 @@ def test_late_arrival_does_not_get_a_backlog_of_credit() -> None:
 
 
 def test_max_seq_chunk_caps_every_prompt_chunk_gold_included() -> None:
-    sched = Scheduler(SchedulerConfig(prefill_chunk=64, max_batch_tokens=512, max_seq_chunk=48))
+    cfg = SchedulerConfig(
+        prefill_chunk=64, max_batch_tokens=512, max_seq_chunk=48, prefill_beside_gold=512
+    )
+    sched = Scheduler(cfg)
     gold = entry(Priority.GOLD, prompt=100)
     silver = entry(Priority.SILVER, prompt=100)
     sched.add(gold)

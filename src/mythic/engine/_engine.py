@@ -96,6 +96,7 @@ class EngineConfig:
                 max_batch_tokens=backend.n_batch,
                 max_batch_seqs=min(64, backend.n_batch),
                 prefill_chunk=min(s.prefill_chunk, backend.n_batch),
+                prefill_beside_gold=s.prefill_beside_gold,
                 max_seq_chunk=backend.max_seq_chunk,
                 burst_tokens=s.burst_tokens,
                 max_running=max(2, backend.n_seq_max - 2),

@@ -11,7 +11,9 @@ Policy, in order:
    KV reservation (prompt still to evaluate + max_tokens) fit; lower classes leave a reserve of
    cells and slots that only gold may use. The waiting queue is bounded: `add` raises
    `Overloaded` instead of letting latency grow without bound.
-3. Gold runs first, every step (strict priority).
+3. Gold runs first, every step (strict priority). A step that advances a gold request
+   evaluates few other prompt tokens (`prefill_beside_gold`): each gold token waits for its
+   whole step, so a decision of 15 tokens would otherwise last 15 steps of other NPCs' prompts.
 4. The other classes share what is left by weighted fair share (stride scheduling over tokens
    processed). Each class with work gets at least `min_slice_seqs` sequences per step, so a
    bronze job cannot starve behind a crowd of speakers. A sequence that won a slot keeps it for
@@ -69,6 +71,9 @@ class SchedulerConfig:
     """Sequences advanced per step."""
     prefill_chunk: int = 64
     """Prompt tokens one non-gold sequence may evaluate per step."""
+    prefill_beside_gold: int = 16
+    """Prompt tokens of non-gold sequences (all together) a step that advances a gold request
+    may evaluate; their decodes are not held back."""
     max_seq_chunk: int | None = None
     """Most tokens of one sequence in one step, gold included (None: no limit). The
     batch-invariant llama.cpp backend needs this below 64."""
@@ -96,6 +101,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_running < 2:
             raise ValueError("max_running must be at least 2 (one slot is kept for gold)")
+        if self.prefill_beside_gold < 0:
+            raise ValueError("prefill_beside_gold must be at least 0")
         if self.kv_capacity <= self.gold_kv_reserve:
             raise ValueError("kv_capacity must exceed gold_kv_reserve")
 
@@ -413,8 +420,14 @@ class Scheduler:
         # the remaining token budget.
         for entry in (e for e in picked if e.decoding):
             take(entry, 1)
+        prompts = cfg.prefill_beside_gold if gold else tokens_left
         for entry in (e for e in picked if not e.decoding):
-            take(entry, self._chunk_limit(entry.priority))
+            limit = min(self._chunk_limit(entry.priority), prompts)
+            if limit == 0:
+                break
+            before = tokens_left
+            take(entry, limit)
+            prompts -= before - tokens_left
         return chosen
 
 
