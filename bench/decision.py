@@ -22,8 +22,10 @@ that both see the same machine:
 
 - alone: the 20 decisions one after another; ms per decision.
 - beside replies: four NPCs answer a question each (silver, greedy, 48 tokens) while all 20
-  decisions run, four at a time: the replies' time between tokens (a step waits for the
-  decisions' sampling in the same thread) and to their last token.
+  decisions run, four at a time: the decisions' time, and the replies' time to their first
+  token (their prompts), between tokens (a step waits for the decisions' sampling in the same
+  thread) and to their last token. The decisions run back to back here, so a gold request is
+  in almost every step: the worst case for the replies' prompts under `steps`.
 
 Ratio: against `before` (p50), in the same run. Writes bench/results/decision.json.
 
@@ -125,6 +127,7 @@ async def beside_replies(cast: Cast, engine: Engine, world: Any, tag: str) -> di
     gaps = [b - a for s in stamps for a, b in itertools.pairwise(s[1:])]
     return {
         "reply_gap_ms": latency(gaps, 1000),
+        "reply_first_ms": latency([s[1] - s[0] for s in stamps], 1000),
         "reply_total_ms": latency([s[-1] - s[0] for s in stamps], 1000),
         "decision_ms": latency([t for ts in times for t in ts], 1000),
     }
@@ -204,6 +207,7 @@ def main() -> None:
     for key, name in (
         ("alone_ms", "decision alone"),
         ("decision_ms", "decision beside replies"),
+        ("reply_first_ms", "reply first token"),
         ("reply_gap_ms", "reply token gap"),
         ("reply_total_ms", "reply (48 tokens)"),
     ):

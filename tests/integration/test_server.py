@@ -213,6 +213,43 @@ async def test_the_decision_starts_once_the_replys_first_phrase_is_out(
     assert actor.last_turn is not None and actor.last_turn.intent is not None
 
 
+async def test_a_reply_frees_its_speaking_slot_while_its_decision_runs(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """With one speaking slot, Bran's reply starts while Marla's reply is over and her
+    decision still runs (held here until Bran has spoken): the decision is not speech."""
+    async with running(
+        engines, settings, chat=_chat(settings), dialogue={"max_concurrent_speakers": 1}
+    ) as (address, gateway):
+        marla = gateway.cast.actor("marla")
+        deciding, go_on = asyncio.Event(), asyncio.Event()
+        decide = marla._decide
+
+        async def held(line: PlayerLine) -> Decision | None:
+            deciding.set()
+            await go_on.wait()
+            return await decide(line)
+
+        marla._decide = held  # type: ignore[method-assign]
+        async with (
+            MythicClient(f"ws://{address}/v1/ws") as first,
+            MythicClient(f"ws://{address}/v1/ws") as second,
+        ):
+            async with asyncio.timeout(120):
+                marla_turn = await first.say("marla", "Good evening.")
+                await deciding.wait()
+                bran_turn = await second.say("bran", "Good evening.")
+                async with contextlib.aclosing(aiter(bran_turn)) as events:
+                    async for event in events:
+                        if isinstance(event, LLMStreamDelta) and event.delta:
+                            break  # Bran speaks while Marla's decision is held
+                go_on.set()
+                await marla_turn.reply()
+                await bran_turn.reply()
+    assert marla.last_turn is not None and marla.last_turn.intent is not None
+    assert not gateway.cast.speakers.locked()  # the slot was given back
+
+
 async def test_an_npc_calls_only_the_tools_its_card_lists(
     engines: tuple[Engine, Engine], settings: MythicSettings, tmp_path: Path
 ) -> None:

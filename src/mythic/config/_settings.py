@@ -169,7 +169,9 @@ class DialogueSettings(_Section):
     """NPC actors: turns, intents and tool calls (technical design, sections 5 and 11)."""
 
     max_concurrent_speakers: int = Field(default=2, ge=1, le=1024)
-    """NPCs speaking at once; another NPC's reply waits, thinking, until one finishes."""
+    """NPCs speaking at once; another NPC's reply waits, thinking, until one finishes. A reply
+    holds its slot while its words are generated, not while its per-line decision or a game
+    tool's round trip runs (a tool's voiced result takes a slot again)."""
 
     mailbox_size: int = Field(default=32, ge=1, le=4096)
     """Player lines and intent requests waiting per NPC; more are refused (`npc_busy`)."""

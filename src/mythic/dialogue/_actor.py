@@ -498,6 +498,9 @@ class NPCActor:
                         cast.stats.capped += 1
                         break
             out.flush_phrases()  # the reply's last words are spoken while the decision ends
+            if speaking:  # the decision and a tool's round trip are not speech: free the slot
+                cast.speakers.release()
+                speaking = False
             if decide and decision_task is None:
                 decision_task = asyncio.create_task(self._decide(line))
             decision = await decision_task if decision_task else None
@@ -1094,15 +1097,16 @@ class NPCActor:
         ]
         history += exchange
         out.restart()
-        self.machine.to(DialogueState.SPEAKING)
-        if self.cast.settings.dialogue.tool_voice == "template":
-            line = self._voice_template(name, args, outcome)
-            if line:
-                out.say(line)
-            return
-        history_before = history[: -len(exchange)]
-        async for text in self._generate(out, history_before, *exchange, VOICE_RESULT):
-            out.say(text)
+        async with self.cast.speakers:  # the follow-up is speech again: one of the slots
+            self.machine.to(DialogueState.SPEAKING)
+            if self.cast.settings.dialogue.tool_voice == "template":
+                line = self._voice_template(name, args, outcome)
+                if line:
+                    out.say(line)
+                return
+            history_before = history[: -len(exchange)]
+            async for text in self._generate(out, history_before, *exchange, VOICE_RESULT):
+                out.say(text)
 
     def _remember_tool(
         self,
