@@ -29,7 +29,10 @@ that both see the same machine:
 
 Ratio: against `before` (p50), in the same run. Writes bench/results/decision.json.
 
-    .venv/bin/python bench/decision.py [--rounds 3] [--threads N] [--out PATH]
+`--beside-gold 16,48` runs a `steps` configuration for each value (`steps-16`, `steps-48`).
+
+    .venv/bin/python bench/decision.py [--rounds 3] [--threads N] [--beside-gold 16,48]
+                                       [--out PATH]
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _results import fmt, latency, ratio, write_results  # noqa: E402
-from mythic.config import load_settings  # noqa: E402
+from mythic.config import EngineSettings, load_settings  # noqa: E402
 from mythic.dialogue import Cast, persona_prompt  # noqa: E402
 from mythic.dialogue._events import PlayerLine  # noqa: E402
 from mythic.engine import (  # noqa: E402
@@ -63,12 +66,9 @@ from mythic.route import open_router  # noqa: E402
 from voice import NPCS, QUESTIONS  # noqa: E402  (the voice bench's NPCs and 20 questions)
 
 WORLD = ROOT / "examples" / "worlds" / "ravenmoor"
-MODES: dict[str, tuple[bool, int | None]] = {
-    "before": (False, None),
-    "grammar": (True, None),
-    "steps": (True, 16),
-}
-"""Configuration: engine.grammar_check_first, engine.prefill_beside_gold (None: a whole step)."""
+MODES: dict[str, tuple[bool, int | None]] = {"before": (False, None), "grammar": (True, None)}
+"""Configuration: engine.grammar_check_first, engine.prefill_beside_gold (None: a whole step);
+`main` adds a `steps` configuration for each `--beside-gold` value."""
 REPLY_TOKENS = 48
 
 
@@ -193,17 +193,33 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="model threads (all cores)")
     parser.add_argument(
+        "--beside-gold",
+        default=None,
+        help="engine.prefill_beside_gold of the `steps` configurations, e.g. 16,48 (default: "
+        "the setting's)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "results" / "decision.json", help="results"
     )
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    try:
+        besides = [int(n) for n in args.beside_gold.split(",")] if args.beside_gold else []
+    except ValueError:
+        parser.error("--beside-gold takes whole numbers, e.g. 16,48")
+    if any(n < 0 for n in besides):
+        parser.error("--beside-gold values must be at least 0")
+    if not besides:
+        besides = [EngineSettings.model_fields["prefill_beside_gold"].default]
+    for n in besides:
+        MODES["steps" if len(besides) == 1 else f"steps-{n}"] = (True, n)
     if args.threads:
         os.environ["MYTHIC_ENGINE__N_THREADS"] = str(args.threads)
     rows = asyncio.run(run(args.rounds))
     summary = {}
     print(f"\nmedian over {args.rounds} rounds of each round's p50 / p95, ms")
-    print(f"{'measure':<26}{'config':<9}{'p50':>9}{'p95':>9}{'x p50':>7}")
+    print(f"{'measure':<26}{'config':<10}{'p50':>9}{'p95':>9}{'x p50':>7}")
     for key, name in (
         ("alone_ms", "decision alone"),
         ("decision_ms", "decision beside replies"),
@@ -222,7 +238,7 @@ def main() -> None:
             x = ratio(cell["p50"], cells["before"]["p50"])
             cell["x_p50"] = x
             print(
-                f"{name:<26}{mode:<9}{fmt(cell['p50'], '.1f'):>9}{fmt(cell['p95'], '.1f'):>9}"
+                f"{name:<26}{mode:<10}{fmt(cell['p50'], '.1f'):>9}{fmt(cell['p95'], '.1f'):>9}"
                 f"{fmt(x, '.2f'):>7}"
             )
     settings = load_settings()
