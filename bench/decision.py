@@ -41,6 +41,7 @@ import argparse
 import asyncio
 import itertools
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -184,8 +185,8 @@ async def run(rounds: int) -> list[dict[str, Any]]:
 
 
 def _median(rows: list[dict[str, Any]], key: str, stat: str) -> float | None:
-    values = sorted(r[key][stat] for r in rows if r[key][stat] is not None)
-    return values[len(values) // 2] if values else None
+    values = [r[key][stat] for r in rows if r[key][stat] is not None]
+    return statistics.median(values) if values else None
 
 
 def main() -> None:

@@ -239,13 +239,17 @@ async def test_a_reply_frees_its_speaking_slot_while_its_decision_runs(
                 marla_turn = await first.say("marla", "Good evening.")
                 await deciding.wait()
                 bran_turn = await second.say("bran", "Good evening.")
+                spoke = False
                 async with contextlib.aclosing(aiter(bran_turn)) as events:
                     async for event in events:
                         if isinstance(event, LLMStreamDelta) and event.delta:
-                            break  # Bran speaks while Marla's decision is held
+                            spoke = True  # Bran speaks while Marla's decision is held
+                            break
                 go_on.set()
                 await marla_turn.reply()
                 await bran_turn.reply()
+    assert spoke and bran_turn.text.strip()
+    assert marla_turn.text.strip()  # Marla spoke too: she held the slot before her decision
     assert marla.last_turn is not None and marla.last_turn.intent is not None
     assert not gateway.cast.speakers.locked()  # the slot was given back
 

@@ -87,9 +87,10 @@ class EngineSettings(_Section):
     """Prompt tokens a non-gold request evaluates per step, so long prompts cannot stall
     the other streams."""
 
-    prefill_beside_gold: int = Field(default=16, ge=0)
+    prefill_beside_gold: int = Field(default=16, ge=1)
     """Prompt tokens of other requests, all together, that a step advancing a gold request
-    (the per-line decision, intents) also evaluates: a gold token waits for its whole step."""
+    (the per-line decision, intents) also evaluates: a gold token waits for its whole step.
+    Smaller: gold is faster and other prompts slower while it runs (`bench/decision.py`)."""
 
     burst_tokens: int = Field(default=48, ge=1)
     """Tokens an NPC generates per turn before it competes for its batch slot again."""

@@ -348,28 +348,42 @@ class LlamaCppBackend(Backend):
         vocabulary only when none of those is allowed. The tokens are the grammar-first
         chain's.
         """
-        np = require("numpy", package="numpy", extra="llm")
         lib = self._lib
         counts = self.grammar_picks
         picked = self._apply_to_logits(sampler.chain, None, output_index)
         counts["checked"] += 1
         if self._grammar_keeps(sampler.grammar, [picked]) is None:
             counts["refused"] += 1
-            # The chain's penalties are in the candidates' logits now, greedy changed nothing.
-            logits = self._candidate_rows["logit"]
-            for k in self.grammar_tries:
-                top = np.argpartition(-logits, k)[:k]
-                top = top[np.lexsort((top, -logits[top]))]
-                kept = self._grammar_keeps(sampler.grammar, top)
-                if kept is not None:
-                    picked = int(top[kept])
-                    break
-            else:
+            allowed = self._most_likely_allowed(sampler.grammar)
+            if allowed is None:
                 counts["whole"] += 1
-                picked = self._apply_to_logits(sampler.chain, sampler.grammar, output_index)
+                allowed = self._apply_to_logits(sampler.chain, sampler.grammar, output_index)
+            picked = allowed
         lib.llama_sampler_accept(sampler.grammar, picked)
         lib.llama_sampler_accept(sampler.chain, picked)
         return picked
+
+    def _most_likely_allowed(self, grammar: Any) -> int | None:
+        """The most likely token (the lowest id on a tie) among the `grammar_tries` most
+        likely that the grammar allows next, from the candidates' logits (the chain's
+        penalties are in them; greedy changed nothing). None: none of them is."""
+        np = require("numpy", package="numpy", extra="llm")
+        logits = self._candidate_rows["logit"]
+        n = self.n_vocab
+        for k in self.grammar_tries:
+            if k >= n:
+                return None  # as many as the vocabulary: match it whole
+            # Every token at least as likely as the k-th: a tie at the edge comes in whole,
+            # so the first allowed in (logit, id) order is the one greedy would pick.
+            edge = np.partition(logits, n - k)[n - k]
+            top = np.flatnonzero(logits >= edge)
+            if len(top) > len(self._few_rows):
+                return None
+            top = top[np.lexsort((top, -logits[top]))]
+            kept = self._grammar_keeps(grammar, top)
+            if kept is not None:
+                return int(top[kept])
+        return None
 
     def _grammar_keeps(self, grammar: Any, tokens: Sequence[int]) -> int | None:
         """The index of the first of `tokens` the grammar allows next (None: none is)."""

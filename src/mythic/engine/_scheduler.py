@@ -101,8 +101,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_running < 2:
             raise ValueError("max_running must be at least 2 (one slot is kept for gold)")
-        if self.prefill_beside_gold < 0:
-            raise ValueError("prefill_beside_gold must be at least 0")
+        if self.prefill_beside_gold < 1:
+            raise ValueError("prefill_beside_gold must be at least 1 (0 would stall prompts)")
         if self.kv_capacity <= self.gold_kv_reserve:
             raise ValueError("kv_capacity must exceed gold_kv_reserve")
 
