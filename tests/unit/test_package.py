@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,45 @@ def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch
 
 def test_py_typed_is_shipped() -> None:
     assert (SRC / "py.typed").is_file()
+
+
+CUDA_LLAMA_CPP = """import sys
+ONNXRUNTIME_FIRST = "onnxruntime" in sys.modules
+def llama_backend_init():
+    pass
+"""
+
+
+def _imports_onnxruntime_first(path: Path | None) -> str:
+    env = dict(os.environ)
+    if path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
+    code = (
+        "import sys\n"
+        "from mythic.engine._llamacpp import _llama_cpp\n"
+        "lib = _llama_cpp()\n"
+        "print(getattr(lib, 'ONNXRUNTIME_FIRST', 'onnxruntime' in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_a_cuda_build_of_llama_cpp_loads_after_onnxruntime(tmp_path: Path) -> None:
+    """onnxruntime segfaulted in its own import once a CUDA llama.cpp had loaded (an H200):
+    the engine imports it first. Here `llama_cpp` is a package shaped like a CUDA build
+    (libggml-cuda in its lib/) that records what was imported before it; onnxruntime is the
+    real one."""
+    pytest.importorskip("onnxruntime")
+    package = tmp_path / "llama_cpp"
+    (package / "lib").mkdir(parents=True)
+    (package / "__init__.py").write_text(CUDA_LLAMA_CPP)
+    (package / "lib" / "libggml-cuda.so").write_bytes(b"")
+    assert _imports_onnxruntime_first(tmp_path) == "True"
+
+
+def test_a_cpu_build_of_llama_cpp_imports_no_onnxruntime() -> None:
+    pytest.importorskip("llama_cpp")
+    assert _imports_onnxruntime_first(None) == "False"

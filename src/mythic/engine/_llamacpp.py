@@ -9,10 +9,14 @@ and its prefix reuse ignores adapters, so it is not used here.
 from __future__ import annotations
 
 import ctypes
+import importlib
+import importlib.util
 import logging
 import os
+import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from mythic._extras import require
@@ -44,6 +48,12 @@ GRAMMAR_TRIES = (64, 4096)
 """A greedy pick the grammar refuses: how many of the most likely tokens to ask it about next,
 then more, before it matches the whole vocabulary."""
 
+IMPORT_BEFORE_CUDA = ("onnxruntime",)
+"""Native libraries imported before a CUDA build of llama.cpp, when installed. Imported after
+it, onnxruntime 1.30 segfaulted in its own import (an H200, CUDA 13: the server died at the
+first audio, when the Silero VAD loads); imported before, the same process ran the VAD and the
+voice bench (bench/gpu/README.md). llama-cpp-python loads its libraries with RTLD_GLOBAL."""
+
 _TOKEN_DATA = [("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]
 """llama.cpp's `llama_token_data`, as a NumPy record."""
 
@@ -60,8 +70,30 @@ class _CheckedSampler:
         self.grammar = grammar
 
 
+def _cuda_build() -> bool:
+    """Whether the installed llama-cpp-python holds llama.cpp's CUDA backend (found without
+    importing it: the import loads the libraries)."""
+    spec = importlib.util.find_spec("llama_cpp")
+    folders = spec.submodule_search_locations if spec else None
+    return any(next(Path(f, "lib").glob("libggml-cuda*"), None) for f in folders or ())
+
+
+def _import_before_llama_cpp() -> None:
+    if "llama_cpp" in sys.modules or not _cuda_build():
+        return
+    for name in IMPORT_BEFORE_CUDA:
+        if name in sys.modules or importlib.util.find_spec(name) is None:
+            continue
+        try:
+            importlib.import_module(name)
+        except (ImportError, OSError) as exc:  # its own use reports it, as before
+            logger.warning("could not import %s before llama.cpp's CUDA build: %s", name, exc)
+
+
 def _llama_cpp() -> Any:
     global _initialised
+    with _init_lock:
+        _import_before_llama_cpp()
     lib = require("llama_cpp", package="llama-cpp-python", extra="llm")
     with _init_lock:
         if not _initialised:
