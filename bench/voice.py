@@ -42,9 +42,11 @@ MYTHIC_ENGINE__DEVICE=cuda` runs the model on a GPU with the transformers backen
 `MYTHIC_ENGINE__N_GPU_LAYERS=-1` with a CUDA build of llama.cpp; both are recorded in the
 results, and so is `MYTHIC_KNOWLEDGE__RETRIEVAL`.
 
-Writes bench/results/voice.json (or `--out`).
+Writes bench/results/voice.json (or `--out`), after each line: a bench stopped mid-round keeps
+the lines it finished (that round is marked `partial`). `--lines 8` runs the first 8 questions,
+for a short GPU lease.
 
-    .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1] [--model NAME]
+    .venv/bin/python bench/voice.py [--speakers 1,4] [--threads 1] [--model NAME] [--lines 20]
                                     [--decide off,on | --no-decide]
                                     [--decision-engine before,grammar,steps]
                                     [--baseline] [--asr-window-s S] [--server-log PATH]
@@ -61,6 +63,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,14 +127,33 @@ def wer(reference: str, hypothesis: str) -> tuple[int, int]:
     return row[-1], len(ref)
 
 
-async def synthesise() -> list[bytes]:
+async def synthesise(count: int) -> list[bytes]:
     from mythic.speech import SpeechSettings, TTSPool
 
     async with TTSPool(SpeechSettings(sample_rate=16000)) as tts:
-        return [bytes(3200) + (await tts.speak(q, "human"))[0] for q in QUESTIONS]
+        return [bytes(3200) + (await tts.speak(q, "human"))[0] for q in QUESTIONS[:count]]
 
 
-async def speaker(url: str, npc: str, lines: list[tuple[str, bytes]]) -> list[dict[str, Any]]:
+def summarise(rows: list[dict[str, Any]], server: dict[str, Any]) -> dict[str, Any]:
+    """A round's hops (p50/p95/p99 on the client), the server's own, and the word error rate."""
+    edits = sum(wer(r["question"], r["heard"] or "")[0] for r in rows)
+    said = sum(wer(r["question"], "")[1] for r in rows)
+    for r in rows:  # the speaking hop alone: the first phrase's tokens, then its synthesis
+        done = r["first_audio"] is not None and r["first_token"] is not None
+        r["token_to_audio"] = r["first_audio"] - r["first_token"] if done else None
+    return {
+        "utterances": len(rows),
+        "answered": sum(1 for r in rows if r["first_audio"] is not None),
+        "client_ms": {h: latency([r[h] for r in rows if r[h] is not None], 1000) for h in HOPS},
+        "server_ms": server,
+        "wer": round(edits / said, 3) if said else None,
+        "rows": rows,
+    }
+
+
+async def speaker(
+    url: str, npc: str, lines: list[tuple[str, bytes]], on_row: Callable[[dict[str, Any]], None]
+) -> list[dict[str, Any]]:
     from mythic.client import MythicClient
     from mythic.contracts import VoiceFormat
 
@@ -155,6 +177,7 @@ async def speaker(url: str, npc: str, lines: list[tuple[str, bytes]]) -> list[di
                     **{k: (v - end if v is not None else None) for k, v in marks.items()},
                 }
             )
+            on_row(rows[-1])
             await asyncio.sleep(0.5)
     return rows
 
@@ -171,11 +194,13 @@ async def server_hops(address: str) -> dict[str, dict[str, float]]:
     return found
 
 
-async def run_round(url: str, speakers: int, audio: list[bytes]) -> list[dict[str, Any]]:
-    lines = list(zip(QUESTIONS, audio, strict=True))
+async def run_round(
+    url: str, speakers: int, audio: list[bytes], on_row: Callable[[dict[str, Any]], None]
+) -> list[dict[str, Any]]:
+    lines = list(zip(QUESTIONS, audio, strict=False))
     shares = [lines[i::speakers] for i in range(speakers)]
     results = await asyncio.gather(
-        *(speaker(url, NPCS[i], share) for i, share in enumerate(shares))
+        *(speaker(url, NPCS[i], share, on_row) for i, share in enumerate(shares))
     )
     return [row for rows in results for row in rows]
 
@@ -184,6 +209,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--speakers", default="1,4")
     parser.add_argument("--threads", type=int, default=1, help="cores for the server's model")
+    parser.add_argument(
+        "--lines",
+        type=int,
+        default=len(QUESTIONS),
+        help=f"the first N of the {len(QUESTIONS)} questions (fewer for a short lease)",
+    )
     parser.add_argument(
         "--model", default=None, help="the server's dialogue model (default: engine.dialogue_model)"
     )
@@ -250,7 +281,9 @@ def main() -> None:
     if set(engines) - set(DECISION_ENGINE):
         parser.error(f"--decision-engine takes {', '.join(DECISION_ENGINE)}")
     counts = [int(n) for n in args.speakers.split(",")]
-    audio = asyncio.run(synthesise())
+    if not 1 <= args.lines <= len(QUESTIONS):
+        parser.error(f"--lines takes 1 to {len(QUESTIONS)}")
+    audio = asyncio.run(synthesise(args.lines))
     rounds: list[dict[str, Any]] = []
     default_words = int(
         os.environ.get(
@@ -272,6 +305,22 @@ def main() -> None:
     ]
     if args.baseline:
         plan.insert(0, (counts[0], False, *plan[0][2:]))
+
+    def save(rounds: list[dict[str, Any]]) -> None:
+        write_results(
+            args.out.resolve(),
+            ROOT,
+            benchmark="voice",
+            server_threads=args.threads,
+            engine_backend=os.environ.get("MYTHIC_ENGINE__BACKEND", "llama.cpp"),
+            engine_device=os.environ.get("MYTHIC_ENGINE__DEVICE", "cpu"),
+            engine_gpu_layers=int(os.environ.get("MYTHIC_ENGINE__N_GPU_LAYERS", "0")),
+            knowledge_retrieval=os.environ.get("MYTHIC_KNOWLEDGE__RETRIEVAL", "hybrid"),
+            asr_window_s=args.asr_window_s or 30.0,
+            dialogue_model=args.model or "default (engine.dialogue_model)",
+            results=rounds,
+        )
+
     for count, ahead, first_words, lore, decide, engine in plan:
         os.environ["MYTHIC_DIALOGUE__FIRST_PHRASE_WORDS"] = str(first_words)
         for name, value in DECISION_ENGINE[engine].items():
@@ -298,34 +347,31 @@ def main() -> None:
                 os.environ.pop(f"MYTHIC_SPEECH__{name}", None)
             else:
                 os.environ[f"MYTHIC_SPEECH__{name}"] = str(window)
+        setting = {
+            "speakers": count,
+            "ahead": ahead,
+            "first_phrase_words": first_words,
+            "spoken_lore": lore,
+            "decide": decide == "on",
+            "decision_engine": engine,
+        }
+        done: list[dict[str, Any]] = []
+
+        def on_row(
+            row: dict[str, Any], setting: dict[str, Any] = setting, done: list[Any] = done
+        ) -> None:
+            # Each line as it ends: a bench stopped mid-round (a short lease) keeps its lines.
+            done.append(dict(row))
+            save([*rounds, {**setting, "partial": True, **summarise(done, {})}])
+
         with spawned_server(
             WORLD, threads=args.threads, voice=True, nice=0, log_to=args.server_log
         ) as url:
-            rows = asyncio.run(run_round(url, count, audio))
+            rows = asyncio.run(run_round(url, count, audio, on_row))
             address = url.removeprefix("ws://").removesuffix("/v1/ws")
             server = asyncio.run(server_hops(address))
-        edits = sum(wer(r["question"], r["heard"] or "")[0] for r in rows)
-        said = sum(wer(r["question"], "")[1] for r in rows)
-        for r in rows:  # the speaking hop alone: the first phrase's tokens, then its synthesis
-            done = r["first_audio"] is not None and r["first_token"] is not None
-            r["token_to_audio"] = r["first_audio"] - r["first_token"] if done else None
-        hops = {h: latency([r[h] for r in rows if r[h] is not None], 1000) for h in HOPS}
-        rounds.append(
-            {
-                "speakers": count,
-                "ahead": ahead,
-                "first_phrase_words": first_words,
-                "spoken_lore": lore,
-                "decide": decide == "on",
-                "decision_engine": engine,
-                "utterances": len(rows),
-                "answered": sum(1 for r in rows if r["first_audio"] is not None),
-                "client_ms": hops,
-                "server_ms": server,
-                "wer": round(edits / said, 3) if said else None,
-                "rows": rows,
-            }
-        )
+        rounds.append({**setting, **summarise(rows, server)})
+        save(rounds)
     base = rounds[0]["client_ms"]
     print("end of speech -> each hop, ms, on the client (server's own trace in brackets)")
     print(
@@ -345,19 +391,6 @@ def main() -> None:
                 f"{fmt(ratio(ms['p50'], base[hop]['p50']), '.2f'):>7}"
             )
         print(f"{'':>8} answered {r['answered']}/{r['utterances']}, ASR word error rate {r['wer']}")
-    write_results(
-        args.out.resolve(),
-        ROOT,
-        benchmark="voice",
-        server_threads=args.threads,
-        engine_backend=os.environ.get("MYTHIC_ENGINE__BACKEND", "llama.cpp"),
-        engine_device=os.environ.get("MYTHIC_ENGINE__DEVICE", "cpu"),
-        engine_gpu_layers=int(os.environ.get("MYTHIC_ENGINE__N_GPU_LAYERS", "0")),
-        knowledge_retrieval=os.environ.get("MYTHIC_KNOWLEDGE__RETRIEVAL", "hybrid"),
-        asr_window_s=args.asr_window_s or 30.0,
-        dialogue_model=args.model or "default (engine.dialogue_model)",
-        results=rounds,
-    )
 
 
 if __name__ == "__main__":
