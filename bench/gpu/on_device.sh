@@ -74,6 +74,15 @@ b = load_backend('smollm2-135m-instruct', EngineSettings(n_gpu_layers=-1))"
       "import ctranslate2" "import torch" "import torch; torch.zeros(1).cuda()"; do
     timeout 120 python3 -c "$load
 $probe" >/dev/null 2>&1; echo "rc=$? after the model: $probe"
+  done
+  # The other way round: libraries that crashed after the model, imported before it (the
+  # engine does so for onnxruntime: IMPORT_BEFORE_CUDA), then used after it.
+  for probe in "import ml_dtypes|import ml_dtypes, numpy; numpy.zeros(2, ml_dtypes.bfloat16)" \
+      "import torch|(torch.zeros(64, 64) @ torch.ones(64, 64)).sum()" \
+      "import torch|torch.zeros(1).cuda()"; do
+    timeout 120 python3 -c "${probe%%|*}
+$load
+${probe#*|}" >/dev/null 2>&1; echo "rc=$? imported before the model: $probe"
   done;;
 bench)
   # BENCH_LIMIT_S (default 420): past it, the server gets SIGABRT, so that the fault handler
