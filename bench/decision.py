@@ -146,7 +146,7 @@ async def run(rounds: int) -> list[dict[str, Any]]:
         def configure(check: bool, beside_gold: int | None) -> None:
             for engine in engines:
                 if isinstance(engine.backend, LlamaCppBackend):
-                    engine.backend.check_grammar_first = check
+                    engine.backend.grammar_check_first = check
                 step = engine.config.scheduler
                 step.prefill_beside_gold = (
                     step.max_batch_tokens if beside_gold is None else beside_gold

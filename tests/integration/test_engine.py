@@ -341,18 +341,18 @@ async def test_a_grammar_checking_the_greedy_pick_first_gives_the_same_tokens(
     engine: Engine = request.getfixturevalue(model)
     backend = engine.backend
     assert isinstance(backend, LlamaCppBackend)
-    assert backend.check_grammar_first  # the default
+    assert backend.grammar_check_first  # the default
 
     async def texts(tag: str) -> list[str]:
         return [(await run(engine, r)).text for r in _constrained_greedy(f"{model}-{tag}")]
 
     tries = backend.grammar_tries
-    backend.check_grammar_first = False
+    backend.grammar_check_first = False
     try:
         before = dict(backend.grammar_picks)
         whole = await texts("whole")
         assert backend.grammar_picks == before  # the baseline never took the checked path
-        backend.check_grammar_first = True
+        backend.grammar_check_first = True
         checked = await texts("checked")
         picks = {k: backend.grammar_picks[k] - before[k] for k in before}
         assert checked == whole
@@ -364,7 +364,7 @@ async def test_a_grammar_checking_the_greedy_pick_first_gives_the_same_tokens(
         assert await texts("no-tries") == whole
         assert backend.grammar_picks["whole"] > refused
     finally:
-        backend.check_grammar_first = True
+        backend.grammar_check_first = True
         backend.grammar_tries = tries
     for text in whole[:4]:
         json.loads(text)

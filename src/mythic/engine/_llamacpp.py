@@ -117,7 +117,7 @@ class LlamaCppBackend(Backend):
         n_threads: int | None = None,
         n_gpu_layers: int = 0,
         batch_invariant: bool = True,
-        check_grammar_first: bool = True,
+        grammar_check_first: bool = True,
     ) -> None:
         """Load a resolved model file.
 
@@ -198,7 +198,7 @@ class LlamaCppBackend(Backend):
         self._candidate_rows["id"] = range(self.n_vocab)
         self._few = (lib.llama_token_data * max(GRAMMAR_TRIES))()
         self._few_rows = _records(self._few, max(GRAMMAR_TRIES))
-        self.check_grammar_first = check_grammar_first
+        self.grammar_check_first = grammar_check_first
         """Greedy requests with a grammar: pick first, then ask the grammar about the pick
         (`_sample_checked`). False: the grammar matches the whole vocabulary at every token,
         as llama.cpp's own chain does. Read when a request's sampler is made."""
@@ -284,7 +284,7 @@ class LlamaCppBackend(Backend):
 
     def make_sampler(self, sampling: Sampling, seed: int, grammar: str | None) -> object:
         lib = self._lib
-        checked = grammar is not None and sampling.temperature <= 0 and self.check_grammar_first
+        checked = grammar is not None and sampling.temperature <= 0 and self.grammar_check_first
         grammar_sampler = self._grammar_sampler(grammar) if grammar is not None else None
         chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
         # The grammar goes first so that later samplers only ever see tokens it allows.
@@ -543,7 +543,7 @@ def load_backend(
         n_threads=settings.n_threads,
         n_gpu_layers=settings.n_gpu_layers,
         batch_invariant=settings.batch_invariant,
-        check_grammar_first=settings.grammar_check_first,
+        grammar_check_first=settings.grammar_check_first,
     )
 
 
