@@ -11,8 +11,12 @@ from pathlib import Path
 from typing import Any
 
 
-def write_results(path: Path, root: Path, *, results: Any, **fields: Any) -> None:
-    """Write `fields`, the machine, the time and `results` to `path` as JSON, and say so."""
+def write_results(
+    path: Path, root: Path, *, results: Any, quiet: bool = False, **fields: Any
+) -> None:
+    """Write `fields`, the machine, the time and `results` to `path` as JSON, and say so
+    (unless `quiet`). The file is replaced whole: a bench stopped while writing leaves the
+    previous one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {
         **fields,
@@ -24,8 +28,11 @@ def write_results(path: Path, root: Path, *, results: Any, **fields: Any) -> Non
         "unix_time": int(time.time()),
         "results": results,
     }
-    path.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"wrote {path.relative_to(root) if path.is_relative_to(root) else path}")
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(document, indent=2) + "\n")
+    partial.replace(path)
+    if not quiet:
+        print(f"wrote {path.relative_to(root) if path.is_relative_to(root) else path}")
 
 
 def pct(values: list[float], q: float) -> float | None:

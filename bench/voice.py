@@ -306,7 +306,7 @@ def main() -> None:
     if args.baseline:
         plan.insert(0, (counts[0], False, *plan[0][2:]))
 
-    def save(rounds: list[dict[str, Any]]) -> None:
+    def save(rounds: list[dict[str, Any]], *, quiet: bool = False) -> None:
         write_results(
             args.out.resolve(),
             ROOT,
@@ -319,6 +319,7 @@ def main() -> None:
             asr_window_s=args.asr_window_s or 30.0,
             dialogue_model=args.model or "default (engine.dialogue_model)",
             results=rounds,
+            quiet=quiet,
         )
 
     for count, ahead, first_words, lore, decide, engine in plan:
@@ -362,7 +363,10 @@ def main() -> None:
         ) -> None:
             # Each line as it ends: a bench stopped mid-round (a short lease) keeps its lines.
             done.append(dict(row))
-            save([*rounds, {**setting, "partial": True, **summarise(done, {})}])
+            save([*rounds, {**setting, "partial": True, **summarise(done, {})}], quiet=True)
+            first = row["first_audio"]
+            heard = f"first audio {first * 1000:.0f} ms" if first is not None else "no answer"
+            print(f"  {len(done)}/{len(audio)} {row['npc']}: {heard}", flush=True)
 
         with spawned_server(
             WORLD, threads=args.threads, voice=True, nice=0, log_to=args.server_log
