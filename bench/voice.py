@@ -363,7 +363,10 @@ def main() -> None:
         ) -> None:
             # Each line as it ends: a bench stopped mid-round (a short lease) keeps its lines.
             done.append(dict(row))
-            save([*rounds, {**setting, "partial": True, **summarise(done, {})}], quiet=True)
+            try:  # a few kB: well under a millisecond beside the hops it measures
+                save([*rounds, {**setting, "partial": True, **summarise(done, {})}], quiet=True)
+            except OSError as exc:
+                print(f"  could not save the lines so far: {exc}", flush=True)
             first = row["first_audio"]
             heard = f"first audio {first * 1000:.0f} ms" if first is not None else "no answer"
             print(f"  {len(done)}/{len(audio)} {row['npc']}: {heard}", flush=True)

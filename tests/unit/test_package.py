@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -159,7 +160,7 @@ def llama_backend_init():
 def _imports_onnxruntime_first(path: Path | None) -> str:
     env = dict(os.environ)
     if path is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path), env.get("PYTHONPATH")]))
     code = (
         "import sys\n"
         "from mythic.engine._llamacpp import _llama_cpp\n"
@@ -187,5 +188,22 @@ def test_a_cuda_build_of_llama_cpp_loads_after_onnxruntime(tmp_path: Path) -> No
 
 
 def test_a_cpu_build_of_llama_cpp_imports_no_onnxruntime() -> None:
-    pytest.importorskip("llama_cpp")
+    from mythic.engine._llamacpp import _cuda_build
+
+    if importlib.util.find_spec("llama_cpp") is None or _cuda_build():
+        pytest.skip("needs a CPU build of llama-cpp-python")
+    if importlib.util.find_spec("onnxruntime") is None:
+        pytest.skip("needs onnxruntime (the speech extra): without it nothing could import it")
     assert _imports_onnxruntime_first(None) == "False"
+
+
+def test_a_cuda_build_is_found_where_llama_cpp_lib_path_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mythic.engine._llamacpp import _cuda_build
+
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(tmp_path))
+    if _cuda_build():
+        pytest.skip("the installed llama-cpp-python is a CUDA build")
+    (tmp_path / "libggml-cuda.so").write_bytes(b"")
+    assert _cuda_build()

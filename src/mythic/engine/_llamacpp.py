@@ -72,10 +72,12 @@ class _CheckedSampler:
 
 def _cuda_build() -> bool:
     """Whether the installed llama-cpp-python holds llama.cpp's CUDA backend (found without
-    importing it: the import loads the libraries)."""
+    importing it: the import loads the libraries), in its `lib/` or in `LLAMA_CPP_LIB_PATH`."""
     spec = importlib.util.find_spec("llama_cpp")
-    folders = spec.submodule_search_locations if spec else None
-    return any(next(Path(f, "lib").glob("libggml-cuda*"), None) for f in folders or ())
+    folders = [Path(f, "lib") for f in (spec.submodule_search_locations or ())] if spec else []
+    if lib_path := os.environ.get("LLAMA_CPP_LIB_PATH"):
+        folders.append(Path(lib_path))
+    return any(next(folder.glob("*ggml-cuda*"), None) for folder in folders)
 
 
 def _import_before_llama_cpp() -> None:
@@ -86,7 +88,7 @@ def _import_before_llama_cpp() -> None:
             continue
         try:
             importlib.import_module(name)
-        except (ImportError, OSError) as exc:  # its own use reports it, as before
+        except Exception as exc:  # noqa: BLE001 - optional: its own use reports it, as before
             logger.warning("could not import %s before llama.cpp's CUDA build: %s", name, exc)
 
 
