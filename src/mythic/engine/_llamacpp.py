@@ -95,15 +95,15 @@ def _import_before_llama_cpp() -> None:
 def _llama_cpp() -> Any:
     global _initialised
     with _init_lock:
-        if _initialised:
-            return sys.modules["llama_cpp"]
-        _import_before_llama_cpp()  # llama_cpp's import loads its libraries
-        lib = require("llama_cpp", package="llama-cpp-python", extra="llm")
-        # llama.cpp logs every load to stderr; keep errors only, through Python logging.
-        logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
-        lib.llama_backend_init()
-        _initialised = True
-        return lib
+        _import_before_llama_cpp()
+    lib = require("llama_cpp", package="llama-cpp-python", extra="llm")
+    with _init_lock:
+        if not _initialised:
+            # llama.cpp logs every load to stderr; keep errors only, through Python logging.
+            logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+            lib.llama_backend_init()
+            _initialised = True
+    return lib
 
 
 class LlamaCppBackend(Backend):
