@@ -217,6 +217,48 @@ async def test_follow_up_turn_reuses_the_session_and_matches_a_full_evaluation(
     assert reused.text.strip()
 
 
+async def test_a_window_moved_past_old_exchanges_keeps_the_later_ones_cached(
+    smollm: Engine,
+) -> None:
+    """A follow-up whose prompt leaves out the session's oldest exchanges (its window moved)
+    finds the exchanges it kept cached: llama.cpp moves their KV down in place (the old ones
+    cut out), so only the new line is evaluated, the reply is a reply, and the sequence's
+    positions run on without a gap, so the next follow-up extends it as usual. The exchanges
+    carry their lore as system messages, as a conversation's do: the prefix shared with other
+    sessions is the persona alone, never cells of the conversation a move must cut out."""
+    exchanges = [
+        [
+            ChatMessage("system", f"## Lore\nFrom Ravenmoor:\n| Night {i} was foggy."),
+            ChatMessage("user", q),
+            ChatMessage("assistant", f"Ask me again about {q.lower()}"),
+        ]
+        for i, q in enumerate(QUESTIONS[:4])
+    ]
+    held = [SYSTEM, *(m for pair in exchanges for m in pair)]
+    before = smollm.metrics()
+    shifts = smollm._cache.shifts
+    first = await run(smollm, GenerationRequest("shift", [*held, ChatMessage("user", "Hi.")]))
+    assert first.text.strip()
+    moved = [SYSTEM, *(m for pair in exchanges[2:] for m in pair)]
+    line = ChatMessage("user", "And the bells?")
+    deltas = await run_stream(smollm.submit(GenerationRequest("shift", [*moved, line])))
+    last = deltas[-1]
+    kept, _, _ = smollm._tokenize(GenerationRequest("shift", moved))
+    assert smollm._cache.shifts == shifts + 1
+    persona = smollm._render([SYSTEM], add_generation_prompt=False)
+    assert smollm._tokenize(GenerationRequest("shift", [*moved, line]))[1] == len(persona)
+    assert last.cached_tokens >= len(kept) - 4  # all but the few opening the new message
+    assert "".join(d.text for d in deltas).strip()
+    seq = smollm._cache._sessions[("shift", "default")]
+    assert isinstance(smollm.backend, LlamaCppBackend)
+    assert smollm.backend.seq_length(seq.seq_id) == len(seq.tokens)  # no gap, no overlap
+    follow = [*moved, line, ChatMessage("assistant", "They ring."), ChatMessage("user", "Why?")]
+    again = [d async for d in smollm.submit(GenerationRequest("shift", follow))][-1]
+    assert again.cached_tokens >= last.prompt_tokens
+    after = smollm.metrics()
+    assert after.running == 0 and after.completed - before.completed == 3
+
+
 async def test_an_evicted_session_resumes_correctly(settings: MythicSettings) -> None:
     engine = load_engine("smollm2-135m-instruct", settings, max_sequences=4)
     try:
@@ -613,6 +655,43 @@ async def test_cancelling_the_only_request_of_a_running_decode_stops_it(smollm: 
     assert completion.finish_reason in {"stop", "length"} and completion.text.strip()
     # The chunks before the one stopped (past the system prompt any session shares).
     assert after.cached_prompt_tokens - cached >= 150 - 64
+    assert after.running == 0 and after.kv_cells_reserved == 0
+
+
+async def test_a_warm_up_cancelled_mid_step_keeps_that_steps_tokens(smollm: Engine) -> None:
+    """A request with `finish_step_on_cancel` (a warm-up stopped for the line) is not cut off
+    part-way through its decode call: the call finishes, the request ends `cancelled` with
+    nothing more evaluated after it, and the session keeps every token that call evaluated,
+    so the line submitted right after finds them cached. Without the flag the same cancel
+    stops the call and those tokens are rolled back (the test above)."""
+    long = " ".join(QUESTIONS) * 4  # several prefill chunks
+    before = smollm.metrics()
+    async with asyncio.timeout(WAIT):
+        for attempt in range(3):  # a cancel can land between two decode calls: try again
+            request = ask(f"kept-{attempt}", long, 8, finish_step_on_cancel=True)
+            stream = smollm.submit(request)
+            while not _decoding_past(smollm, request.request_id, 150):
+                if request.request_id not in smollm._active:
+                    break  # finished unseen: try again
+                await asyncio.sleep(0.001)
+            active = smollm._active.get(request.request_id)
+            seq = active.seq if active is not None else None
+            in_call = len(seq.tokens) if seq is not None else 0  # through the running call
+            stream.cancel()
+            running = request.request_id in smollm._decoding
+            again = smollm.submit(ask(f"kept-{attempt}", long, 8))
+            stopped = await stream.collect()
+            assert stopped.finish_reason == "cancelled" and not stopped.text
+            deltas = [delta async for delta in again]
+            if running and in_call > 150:
+                break
+        else:
+            pytest.fail("the cancel never landed inside a decode call")
+    after = smollm.metrics()
+    assert after.cancel_stops == before.cancel_stops  # the call was not stopped
+    assert deltas[-1].finish_reason in {"stop", "length"}
+    assert "".join(d.text for d in deltas).strip()
+    assert deltas[-1].cached_tokens >= in_call  # all the call evaluated, none rolled back
     assert after.running == 0 and after.kv_cells_reserved == 0
 
 

@@ -784,7 +784,9 @@ async def test_a_spoken_line_waits_for_no_more_lore_than_more_lore_tokens(
     `more_lore_tokens` of it (all evaluated after the player stopped); the same line typed
     tells all of it. A spoken line that comes while a part of the prepared lore is being
     evaluated stops that part (its warm-up task is cancelled) rather than wait for it, and
-    tells no more lore than that either (a part of 4096 tokens never finishes first)."""
+    tells no more lore than that either (a part of 4096 tokens never finishes first): the
+    first lines of the part stopped, in its order, so that its prompt begins as the part's
+    did and finds what the part evaluated cached (its running step finished, not undone)."""
     line = "Where can I buy silver in the Bone Market?"
     budget = 4 * settings.dialogue.more_lore_tokens
     dialogue = {"prepare_step_tokens": 4096}
@@ -810,14 +812,23 @@ async def test_a_spoken_line_waits_for_no_more_lore_than_more_lore_tokens(
         assert len("\n".join(spoken)) <= budget < len("\n".join(typed))
 
         # Mid-preparation: the lore (one part) is being evaluated when the line comes.
+        talk = engines[0]
         gateway.cast.prepare("spoken", "marla", "Where can I buy silver")
-        await until(lambda: actor._lore_step)
+        await until(lambda: actor._lore_step is not None and bool(talk._decoding))
+        stopped = actor._lore_step
+        part = talk._active[next(iter(talk._decoding))]
+        cached = gateway.cast.stats.reply_cached_tokens
         warm = actor._warm_task
         utter("spoken", "s-2", spoken=True)
         told = await answered("spoken", "s-2")
+        reused = gateway.cast.stats.reply_cached_tokens - cached
     assert warm is not None and warm.cancelled()
+    assert stopped is not None and stopped.lore is not None
     new = _facts(told)[len(spoken) :]
-    assert len("\n".join(new)) <= budget
+    assert new and len("\n".join(new)) <= budget
+    assert new == _facts(stopped.lore)[: len(new)]  # the part's first lines, in its order
+    # Past the tokens the part found cached: its first step's, at least in part.
+    assert reused >= part.cached + 16, (reused, part.cached)
 
 
 async def test_a_new_sessions_persona_is_evaluated_as_the_player_begins(

@@ -357,3 +357,41 @@ def test_a_persona_card_chooses_its_tools() -> None:
     with pytest.raises(ToolArgumentError, match="unknown tools: cast_fireball") as caught:
         npc_tools("marla", ["give_item", "cast_fireball"])
     assert caught.value.fix is not None and "set_waypoint" in caught.value.fix
+
+
+# -- a spoken line's lore when the player stopped during a prepared part ----------------------
+
+
+def test_a_stopped_parts_cut_is_a_prefix_of_its_lore_in_its_order() -> None:
+    """The cut keeps the part's lines in order while they fit, then stops (a shorter line
+    after a long one is not taken: the prompt must begin as the part's did); the first line
+    is kept even when it alone is too long, and a source whose lines are all cut goes too."""
+    from mythic.dialogue._actor import _lines_cut, _stopped_cut, _told_of
+
+    long = "| " + "x" * 300
+    section = "\n".join(
+        ["## Lore", "From Tavern:", "| a cup of ale", long, "| short", "From Mill:", "| wheel"]
+    )
+    assert _lines_cut(section, 40) == "## Lore\nFrom Tavern:\n| a cup of ale"
+    assert _lines_cut(section, 10_000) == section
+    assert _lines_cut("## Lore\nFrom Tavern:\n" + long, 40) == "## Lore\nFrom Tavern:\n" + long
+    cut = _lines_cut("## Lore\nFrom Tavern:\n| a\nFrom Mill:\n| a wheel turning", 30)
+    assert cut == "## Lore\nFrom Tavern:\n| a"  # no "From Mill:" left without its line
+
+    stopped = _told_of(section, "## Scene\nNight.")
+    first = _stopped_cut(None, stopped, 40)
+    assert first is not None and first.scene == stopped.scene
+    assert first.lore == "## Lore\nFrom Tavern:\n| a cup of ale"
+    assert first.message is not None and stopped.message is not None
+    assert stopped.message.content.startswith(first.message.content.split("\n\n")[0])
+
+    # A part extending the finished ones: those, then the first lines of its new lore.
+    prepared = _told_of("## Lore\nFrom Tavern:\n| a cup of ale", None)
+    extension = prepared.extended("## More Lore\nFrom Mill:\n| wheel\n| " + "y" * 80)
+    cut_more = _stopped_cut(prepared, extension, 40)
+    assert cut_more is not None
+    assert cut_more.messages[:-1] == prepared.messages
+    assert cut_more.messages[-1].content == "## More Lore\nFrom Mill:\n| wheel"
+    # Not an extension of what is prepared (another first part): no cut.
+    assert _stopped_cut(prepared, _told_of("## Lore\nFrom Mill:\n| wheel", None), 40) is None
+    assert _stopped_cut(None, extension, 40) is None

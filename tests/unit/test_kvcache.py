@@ -154,3 +154,71 @@ def test_unloading_an_adapter_forgets_what_was_computed_under_it() -> None:
     # Loaded again under the same name: nothing is reused from before.
     assert c.acquire(("a", "s"), vamp, PROMPT).cached == 0
     assert c.acquire(("b", "s"), (), PROMPT).cached == len(PROMPT) - 1
+
+
+class ShiftingRecorder(SeqRecorder):
+    """A backend that can shift positions (llama.cpp's `seq_cut`); `refuse` one that cannot."""
+
+    def __init__(self, *, refuse: bool = False) -> None:
+        super().__init__()
+        self.refuse = refuse
+
+    def seq_cut(self, seq_id: int, start: int, end: int) -> bool:
+        if self.refuse:
+            return False
+        self.ops.append(("cut", seq_id, start, end))
+        self.cells[seq_id] = self.cells.get(seq_id, 0) - (end - start)
+        return True
+
+
+def shifting(*, refuse: bool = False, run: int = 8) -> tuple[SequenceCache, ShiftingRecorder]:
+    recorder = ShiftingRecorder(refuse=refuse)
+    c = SequenceCache(recorder, 4, prefix_min_tokens=8, shift_min_tokens=run)  # type: ignore[arg-type]
+    return c, recorder
+
+
+# A conversation: the persona (40), three exchanges of 20 tokens, then the last reply's end.
+PERSONA = list(range(SYSTEM))
+EXCHANGES = [list(range(1000 + 100 * i, 1020 + 100 * i)) for i in range(3)]
+HELD = [*PERSONA, *EXCHANGES[0], *EXCHANGES[1], *EXCHANGES[2]]
+
+
+def test_a_window_past_the_oldest_exchange_keeps_the_later_ones_shifted() -> None:
+    """The prompt leaves out the first exchange: the cache cuts it out of the session's
+    sequence and the later exchanges, moved down, count as cached; only the new line is left
+    to evaluate."""
+    c, rec = shifting()
+    first = c.acquire(("marla", "s"), (), HELD)
+    evaluated(c, first, HELD)
+    c.release(first.seq)
+    line = [7000, 7001, 7002]
+    moved = [*PERSONA, *EXCHANGES[1], *EXCHANGES[2], *line]
+    again = c.acquire(("marla", "s"), (), moved)
+    assert again.seq is first.seq
+    assert ("cut", first.seq.seq_id, SYSTEM, SYSTEM + 20) in rec.ops
+    assert again.cached == len(moved) - len(line)
+    assert again.seq.tokens == moved[: again.cached]
+    assert c.shifts == 1
+
+
+def test_no_shift_without_a_long_enough_run_or_a_backend_that_can() -> None:
+    """A prompt that matches the later tokens for fewer than `shift_min_tokens` (here a
+    line that only shares a few tokens with an old exchange), a backend that cannot shift,
+    and a stretch inside cells shared with a prefix all evaluate again from the divergence."""
+    line = [7000, 7001, 7002]
+    moved = [*PERSONA, *EXCHANGES[1], *EXCHANGES[2], *line]
+    for c, rec in (shifting(run=64), shifting(refuse=True)):
+        first = c.acquire(("marla", "s"), (), HELD)
+        evaluated(c, first, HELD)
+        c.release(first.seq)
+        again = c.acquire(("marla", "s"), (), moved)
+        assert again.cached == SYSTEM and again.seq.tokens == PERSONA
+        assert not any(op[0] == "cut" for op in rec.ops) and c.shifts == 0
+    # Cells shared with a persona prefix copied in: never shifted.
+    c, rec = shifting()
+    first = c.acquire(("marla", "s"), (), HELD)
+    evaluated(c, first, HELD)
+    c.share_prefix(first.seq, SYSTEM + 10)
+    c.release(first.seq)
+    again = c.acquire(("marla", "s"), (), moved)
+    assert again.cached == SYSTEM and c.shifts == 0

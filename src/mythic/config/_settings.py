@@ -105,6 +105,15 @@ class EngineSettings(_Section):
     prefix_min_tokens: int = Field(default=32, ge=1)
     """Shortest system prefix worth caching and sharing between NPCs' sequences."""
 
+    shift_min_tokens: int = Field(default=32, ge=0)
+    """A session's prompt that leaves out a stretch of the one it cached (its window moved
+    past the oldest exchanges) and then goes on as that one did for at least this many
+    tokens keeps the cached tokens after the stretch: they are moved down in place (their
+    keys rotated, llama.cpp's context shift) rather than evaluated again, so a window move
+    costs a few tokens instead of the whole conversation kept. They were evaluated with the
+    dropped exchanges in view, which a fresh evaluation would not have: replies differ a
+    little from one after a full evaluation. 0: off (evaluate them again)."""
+
     batch_invariant: bool = True
     """Make each NPC's output independent of which other NPCs share its batch (greedy replies
     are then reproducible), at some cost in speed; off lets llama.cpp use its fastest kernels."""

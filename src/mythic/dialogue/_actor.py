@@ -167,6 +167,48 @@ class _Told:
         return _Told(lore, self.scene, self.message, (*self.more, ChatMessage("system", more)))
 
 
+def _lines_cut(section: str, max_chars: int) -> str:
+    """The first lines of a lore section (its header, then `From ...:` sources and lines)
+    that fit in `max_chars`, in order, the header and the first lore line at least: a
+    prefix of `section`, so that the prompt telling it extends one that told `section`."""
+    lines = section.splitlines()
+    kept: list[str] = []
+    used = 0
+    has_line = False
+    for line in lines:
+        used += len(line) + 1
+        if used > max_chars and has_line:
+            break
+        kept.append(line)
+        is_source = line.startswith("From ") and line.endswith(":")
+        has_line = has_line or (line not in (HEADERS["lore"], MORE_LORE) and not is_source)
+    while kept and kept[-1].startswith("From ") and kept[-1].endswith(":"):
+        kept.pop()  # a source with none of its lines kept
+    return "\n".join(kept)
+
+
+def _stopped_cut(prepared: _Told | None, stopped: _Told, max_chars: int) -> _Told | None:
+    """What a spoken line tells when the player stopped during the warm-up's part `stopped`:
+    the parts `prepared` (finished, evaluated), then the first lines of `stopped`'s new lore,
+    at most `max_chars` of them. None when `stopped` does not extend `prepared` (another
+    scene, or a first part told again)."""
+    if prepared is None:
+        if stopped.more or not stopped.lore:
+            return None
+        return _told_of(_lines_cut(stopped.lore, max_chars), stopped.scene)
+    n = len(prepared.more)
+    if (
+        stopped.message != prepared.message
+        or stopped.more[:n] != prepared.more
+        or len(stopped.more) != n + 1
+    ):
+        return None
+    more = _lines_cut(stopped.more[n].content, max_chars)
+    if not more:
+        return prepared
+    return prepared.extended(more)
+
+
 def _told_of(lore: str | None, scene: str | None) -> _Told:
     joined = "\n\n".join(s for s in (lore, scene) if s)
     return _Told(lore, scene, ChatMessage("system", joined) if joined else None)
@@ -222,8 +264,9 @@ class NPCActor:
         self._warming: str | None = None
         """The session whose prompt the warm-up is evaluating now."""
         self._next_warm: PrepareLine | None = None
-        self._lore_step = False
-        """The warm-up is evaluating a part of a prepared prompt's lore (`_prepare_part`)."""
+        self._lore_step: _Told | None = None
+        """The context whose part of a prepared prompt's lore the warm-up is evaluating now
+        (`_prepare_part`)."""
         self._window_start: dict[str, tuple[ChatMessage, bool]] = {}
         """Per session, the message its prompt window begins with (`_window`), or, flagged
         True, the message it follows (when an overflow dropped every exchange)."""
@@ -682,7 +725,7 @@ class NPCActor:
             self._prepared.pop(session, None)  # nor are parts prepared for the old window
             return []
 
-        self._lore_step = True
+        self._lore_step = told
         try:
             stream = await self._open_fitted(
                 session,
@@ -692,11 +735,14 @@ class NPCActor:
                 "dialogue",
                 retell=retell,
                 room=room,
+                # Stopped for the line, this part's last step still finishes: the line's
+                # prompt begins as this one does (`_stopped_cut`) and finds it cached.
+                finish_step_on_cancel=True,
             )
             async with stream:  # the KV is what was wanted; the token generated is dropped
                 await stream.collect()
         finally:
-            self._lore_step = False
+            self._lore_step = None
         # No await from here on: a turn cancelling this step finds `_prepared` as evaluated.
         self.warm_ups += 1
         self.cast.stats.warm_ups += 1
@@ -730,7 +776,10 @@ class NPCActor:
         (`spoken`: said aloud, with `prefill_while_speaking` on).
 
         A warm-up of this session still running a part of the prepared lore is stopped (the
-        engine keeps the KV it evaluated; the parts finished are `_prepared`); one moving the
+        engine keeps the KV it evaluated; the parts finished are `_prepared`), and a spoken
+        line then tells the parts finished and the first lines of the part stopped, cut to
+        `more_lore_tokens` (`_stopped_cut`): its prompt begins as that part's did, so what the
+        part evaluated before it was stopped is cached for the line. One moving the
         prompt window or evaluating its head is waited for: this turn's prompt starts with
         what it evaluates. Waiting warm-ups are dropped; one of another session is left to
         finish. Cancelling the turn does not cancel the warm-up.
@@ -738,19 +787,27 @@ class NPCActor:
         told = await self._context(session, text)
         self._next_warm = None
         task = self._warm_task
+        stopped: _Told | None = None
         if task is not None and not task.done() and self._warming == session:
-            if self._lore_step:
+            if self._lore_step is not None:
+                stopped = self._lore_step
                 task.cancel()
             await asyncio.wait({task})
         prepared = self._prepared.pop(session, None)  # the reply moves the session's KV on
         messages, how = told.messages, "unprepared"
-        if prepared is not None and prepared == told:
+        budget = _CHARS_PER_TOKEN * self._more_lore_tokens()
+        if spoken and stopped is not None and (cut := _stopped_cut(prepared, stopped, budget)):
+            # The part stopped had its first tokens evaluated: a cut that begins as it does
+            # (its first lines, in its order) finds them cached. Lore retrieved for the final
+            # transcript instead would differ from the partial's right after the header.
+            messages, how = cut.messages, f"a stopped part's first {len(cut.lore or '')} chars"
+            if prepared is not None:
+                how = f"prepared, and {how}"
+        elif prepared is not None and prepared == told:
             # The prepared messages themselves: the prompt window may be anchored on them.
             messages, how = prepared.messages, "prepared"
         elif prepared is not None and prepared.scene == told.scene:
-            more = lore_beyond(
-                prepared.lore, told.lore, max_chars=_CHARS_PER_TOKEN * self._more_lore_tokens()
-            )
+            more = lore_beyond(prepared.lore, told.lore, max_chars=budget)
             messages = [*prepared.messages, *([ChatMessage("system", more)] if more else [])]
             how = f"prepared, {len(more or '')} characters of lore more"
         else:
@@ -906,6 +963,7 @@ class NPCActor:
         canned: str | None = None,
         retell: Callable[[], Awaitable[Sequence[ChatMessage]]] | None = None,
         room: int = 0,
+        finish_step_on_cancel: bool = False,
     ) -> RoutedStream:
         """Open a reply to `tail` with as much of the session's conversation as the model's
         context holds. While the prompt overflows, the window's start jumps to the newest half
@@ -913,7 +971,8 @@ class NPCActor:
         each extending the prompt the engine has cached. (Dropping one exchange at a time
         would move the start at every line once the context is full, and every line would
         evaluate the whole conversation again.) `room`: context to leave free beyond the
-        reply's tokens (`GenerationRequest.room_tokens`). After a jump, `retell` gives the
+        reply's tokens (`GenerationRequest.room_tokens`); `finish_step_on_cancel` is the
+        request's (a warm-up's, stopped for the line). After a jump, `retell` gives the
         tail again: the lore and scene a line tells depend on what the window still holds.
         An overflow is found before anything is evaluated, so a jump costs no model time.
 
@@ -929,6 +988,7 @@ class NPCActor:
                 priority=Priority.SILVER,
                 sampling=sampling,
                 room_tokens=room,
+                finish_step_on_cancel=finish_step_on_cancel,
             )
             try:
                 return await self._open(request, kind, AdapterTask.DIALOGUE_STYLE, canned=canned)

@@ -144,6 +144,13 @@ class Backend(ABC):
     def seq_copy(self, src: int, dst: int, length: int) -> None:
         """Make `dst` share `src`'s first `length` positions (no recomputation)."""
 
+    def seq_cut(self, seq_id: int, start: int, end: int) -> bool:
+        """Forget a sequence's positions `start..end-1` and move the later ones down to
+        `start` (their keys rotated to the new positions, nothing recomputed). True when
+        done; False (nothing changed) where the backend or the model cannot shift positions,
+        the default."""
+        return False
+
     @abstractmethod
     def clear(self) -> None:
         """Forget every sequence (after a failure)."""

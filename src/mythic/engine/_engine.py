@@ -85,6 +85,7 @@ class EngineConfig:
     scheduler: SchedulerConfig
     overflow: Literal["error", "truncate"] = "error"
     prefix_min_tokens: int = 32
+    shift_min_tokens: int = 32
     seed: int = -1
     gold_preempts: bool = True
 
@@ -107,6 +108,7 @@ class EngineConfig:
             ),
             overflow=s.overflow,
             prefix_min_tokens=s.prefix_min_tokens,
+            shift_min_tokens=s.shift_min_tokens,
             seed=s.seed,
             gold_preempts=s.gold_preempts,
         )
@@ -216,7 +218,12 @@ class Engine:
         self.config = config or EngineConfig.for_backend(backend)
         self._lock = threading.Condition()
         self._scheduler = Scheduler(self.config.scheduler, on_admit=self._on_admit)
-        self._cache = SequenceCache(backend, backend.n_seq_max, self.config.prefix_min_tokens)
+        self._cache = SequenceCache(
+            backend,
+            backend.n_seq_max,
+            self.config.prefix_min_tokens,
+            shift_min_tokens=self.config.shift_min_tokens,
+        )
         self._active: dict[str, _Active] = {}
         self._cancelled: list[_Active] = []
         self._decoding: frozenset[str] = frozenset()
@@ -302,8 +309,10 @@ class Engine:
             self._scheduler.remove(request_id)
             self._cancelled.append(active)
             running = self._decoding
-            if running and all(
-                (other := self._active.get(rid)) is None or other.done for rid in running
+            if (
+                running
+                and not (request_id in running and active.request.finish_step_on_cancel)
+                and all((other := self._active.get(rid)) is None or other.done for rid in running)
             ):
                 # Nobody wants what the running decode call computes: stop it now (its
                 # cells are rolled back; the cancelled request keeps what came before).
@@ -456,10 +465,13 @@ class Engine:
             tokens += self.backend.tokenize(
                 request.continue_text, add_special=False, parse_special=False
             )
-        system = [m for m in messages if m.role == "system"]
+        # The shareable prefix is the first message, a system prompt (an NPC's persona):
+        # what follows (a player's memory, the conversation with its lore) is the session's
+        # own, and a prefix reaching into it would pin those cells (a window move could
+        # not cut them out of the session's sequence).
         prefix_len = 0
-        if system and len(system) < len(messages):
-            head = self._render(messages[: len(system)], add_generation_prompt=False)
+        if len(messages) > 1 and messages[0].role == "system":
+            head = self._render(messages[:1], add_generation_prompt=False)
             if tokens[: len(head)] == head:
                 prefix_len = len(head)
         return tokens, prefix_len, tuple(dict.fromkeys((*stops, *fmt.stop_strings)))

@@ -2,9 +2,12 @@
 
 A session's sequence survives between its turns, so a follow-up evaluates only its new tokens.
 A persona/archetype prefix evaluated once is kept in a sequence of its own and copied into new
-sessions (`seq_copy` shares cells, nothing is recomputed). Entries are keyed by adapter set:
-KV computed under one set of adapters is never reused under another. Idle entries are evicted
-least recently used first, when a sequence id or KV cells are needed.
+sessions (`seq_copy` shares cells, nothing is recomputed). A session's prompt that leaves out a
+stretch of its cached tokens (the conversation's window moved past old exchanges) keeps what
+follows the stretch, moved down in place (`seq_cut`), when the backend can shift positions.
+Entries are keyed by adapter set: KV computed under one set of adapters is never reused under
+another. Idle entries are evicted least recently used first, when a sequence id or KV cells
+are needed.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ class CachedSequence:
     tokens: list[int] = field(default_factory=list)
     """Tokens held in the KV memory, at positions 0..len-1."""
     busy: bool = False
+    shared: int = 0
+    """Leading positions whose cells it may share with a prefix's sequence (`seq_copy`): a
+    shift must not move them (it would move them for the prefix too)."""
 
 
 @dataclass(slots=True)
@@ -49,10 +55,15 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class SequenceCache:
     """Owns the backend's sequence ids. Used only from the engine's worker thread."""
 
-    def __init__(self, backend: Backend, n_seq: int, prefix_min_tokens: int) -> None:
+    def __init__(
+        self, backend: Backend, n_seq: int, prefix_min_tokens: int, *, shift_min_tokens: int = 0
+    ) -> None:
         self._backend = backend
         self._n_seq = n_seq
         self.prefix_min_tokens = prefix_min_tokens
+        self.shift_min_tokens = shift_min_tokens
+        self.shifts = 0
+        """Sessions whose cached tokens were moved down past a stretch left out (`seq_cut`)."""
         self._free = list(range(n_seq - 1, -1, -1))
         self._sessions: dict[SessionKey, CachedSequence] = {}
         self._prefixes: list[CachedSequence] = []
@@ -82,6 +93,7 @@ class SequenceCache:
             if own.adapter_key == adapter_key:
                 cached = min(common_prefix(own.tokens, prompt), limit)
                 self._take(own)
+                cached = self._shift(own, prompt, cached, limit)
                 self._truncate(own, cached)
                 return Acquired(own, cached, "session" if cached else "none")
             self._drop(own)
@@ -97,6 +109,7 @@ class SequenceCache:
         if best is not None and cached >= self.prefix_min_tokens:
             self._backend.seq_copy(best.seq_id, seq.seq_id, cached)
             seq.tokens = prompt[:cached]
+            seq.shared = cached
             if best.seq_id in self._idle:
                 self._idle.move_to_end(best.seq_id)
             return Acquired(seq, cached, "prefix")
@@ -117,6 +130,7 @@ class SequenceCache:
             return False
         prefix = CachedSequence(self._new_id(), seq.adapter_key, None, tokens)
         self._backend.seq_copy(seq.seq_id, prefix.seq_id, length)
+        seq.shared = max(seq.shared, length)
         self._prefixes.append(prefix)
         self._make_idle(prefix)
         return True
@@ -187,7 +201,35 @@ class SequenceCache:
         self._unidle(seq)
         seq.busy = True
 
+    def _shift(self, seq: CachedSequence, prompt: list[int], cached: int, limit: int) -> int:
+        """Where `prompt` leaves `seq`'s tokens at `cached` and goes on as they do further on
+        (for `shift_min_tokens` at least), cut the stretch between out of `seq` (the later
+        tokens move down to `cached`); returns the prompt tokens `seq` then holds."""
+        run = self.shift_min_tokens
+        held = seq.tokens
+        if (
+            not run
+            or cached < seq.shared
+            or cached >= limit
+            or len(held) - cached <= run
+            or len(prompt) - cached < run
+        ):
+            return cached
+        want = prompt[cached : cached + run]
+        first = want[0]
+        for end in range(cached + 1, len(held) - run + 1):
+            if held[end] == first and held[end : end + run] == want:
+                break
+        else:
+            return cached
+        if not self._backend.seq_cut(seq.seq_id, cached, end):
+            return cached
+        del held[cached:end]
+        self.shifts += 1
+        return min(cached + common_prefix(held[cached:], prompt[cached:]), limit)
+
     def _truncate(self, seq: CachedSequence, length: int) -> None:
+        seq.shared = min(seq.shared, length)
         if length < len(seq.tokens):
             self._backend.seq_remove(seq.seq_id, length)
             del seq.tokens[length:]

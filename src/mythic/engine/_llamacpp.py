@@ -461,6 +461,15 @@ class LlamaCppBackend(Backend):
         self._lib.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
         self._lib.llama_memory_seq_rm(self._memory, dst, length, -1)
 
+    def seq_cut(self, seq_id: int, start: int, end: int) -> bool:
+        if not 0 <= start < end or not self._lib.llama_memory_can_shift(self._memory):
+            return False
+        # Cells shared with other sequences (a copied persona prefix) lie before `start`: a
+        # shift moves a shared cell for every sequence holding it.
+        self._lib.llama_memory_seq_rm(self._memory, seq_id, start, end)
+        self._lib.llama_memory_seq_add(self._memory, seq_id, end, -1, start - end)
+        return True
+
     def seq_length(self, seq_id: int) -> int:
         """Positions held for a sequence (0 when it holds none)."""
         return int(self._lib.llama_memory_seq_pos_max(self._memory, seq_id)) + 1

@@ -43,6 +43,11 @@ class GenerationRequest:
     """Context the prompt must leave free beyond `sampling.max_tokens`: a prompt that leaves
     less overflows as one too long for `max_tokens` does. A warm-up that evaluates the start
     of a longer prompt to come (one token generated) keeps room for the rest with it."""
+    finish_step_on_cancel: bool = False
+    """A cancel lets the model step evaluating this request's prompt finish rather than
+    stopping it part-way (what the step evaluates is then kept, not rolled back). For
+    warm-ups whose prompt the session's next one extends: stopped for the line, they hand
+    the line the tokens of their last step instead of losing them."""
     continue_text: str = ""
     """Reply text already given (by an endpoint that failed mid-stream): the prompt ends with
     it and the generation continues it. Only with `messages`."""
