@@ -364,8 +364,9 @@ def test_a_persona_card_chooses_its_tools() -> None:
 
 def test_a_stopped_parts_cut_is_a_prefix_of_its_lore_in_its_order() -> None:
     """The cut keeps the part's lines in order while they fit, then stops (a shorter line
-    after a long one is not taken: the prompt must begin as the part's did); the first line
-    is kept even when it alone is too long, and a source whose lines are all cut goes too."""
+    after a long one is not taken: the prompt must begin as the part's did); a source whose
+    lines are all cut goes too; a first line too long alone leaves no cut (the line then
+    waits for no more lore than `more_lore_tokens` either way)."""
     from mythic.dialogue._actor import _lines_cut, _stopped_cut, _told_of
 
     long = "| " + "x" * 300
@@ -374,7 +375,9 @@ def test_a_stopped_parts_cut_is_a_prefix_of_its_lore_in_its_order() -> None:
     )
     assert _lines_cut(section, 40) == "## Lore\nFrom Tavern:\n| a cup of ale"
     assert _lines_cut(section, 10_000) == section
-    assert _lines_cut("## Lore\nFrom Tavern:\n" + long, 40) == "## Lore\nFrom Tavern:\n" + long
+    assert _lines_cut("## Lore\nFrom Tavern:\n" + long, 40) == ""
+    assert _stopped_cut(None, _told_of("## Lore\nFrom Tavern:\n" + long, None), 40) is None
+    assert _stopped_cut(None, _told_of(section, None), 0) is None
     cut = _lines_cut("## Lore\nFrom Tavern:\n| a\nFrom Mill:\n| a wheel turning", 30)
     assert cut == "## Lore\nFrom Tavern:\n| a"  # no "From Mill:" left without its line
 

@@ -169,33 +169,34 @@ class _Told:
 
 def _lines_cut(section: str, max_chars: int) -> str:
     """The first lines of a lore section (its header, then `From ...:` sources and lines)
-    that fit in `max_chars`, in order, the header and the first lore line at least: a
-    prefix of `section`, so that the prompt telling it extends one that told `section`."""
-    lines = section.splitlines()
+    that fit in `max_chars`, in order: a prefix of `section`, so that the prompt telling it
+    extends one that told `section`. Empty when not even its first lore line fits."""
     kept: list[str] = []
     used = 0
     has_line = False
-    for line in lines:
+    for line in section.splitlines():
         used += len(line) + 1
-        if used > max_chars and has_line:
+        if used > max_chars:
             break
         kept.append(line)
         is_source = line.startswith("From ") and line.endswith(":")
         has_line = has_line or (line not in (HEADERS["lore"], MORE_LORE) and not is_source)
     while kept and kept[-1].startswith("From ") and kept[-1].endswith(":"):
         kept.pop()  # a source with none of its lines kept
-    return "\n".join(kept)
+    return "\n".join(kept) if has_line else ""
 
 
 def _stopped_cut(prepared: _Told | None, stopped: _Told, max_chars: int) -> _Told | None:
     """What a spoken line tells when the player stopped during the warm-up's part `stopped`:
     the parts `prepared` (finished, evaluated), then the first lines of `stopped`'s new lore,
     at most `max_chars` of them. None when `stopped` does not extend `prepared` (another
-    scene, or a first part told again)."""
+    scene, or a first part told again), or, with nothing prepared, when not even its first
+    line fits."""
     if prepared is None:
         if stopped.more or not stopped.lore:
             return None
-        return _told_of(_lines_cut(stopped.lore, max_chars), stopped.scene)
+        cut = _lines_cut(stopped.lore, max_chars)
+        return _told_of(cut, stopped.scene) if cut else None
     n = len(prepared.more)
     if (
         stopped.message != prepared.message
@@ -796,7 +797,12 @@ class NPCActor:
         prepared = self._prepared.pop(session, None)  # the reply moves the session's KV on
         messages, how = told.messages, "unprepared"
         budget = _CHARS_PER_TOKEN * self._more_lore_tokens()
-        if spoken and stopped is not None and (cut := _stopped_cut(prepared, stopped, budget)):
+        if (
+            spoken
+            and stopped is not None
+            and stopped.scene == told.scene  # a scene changed since is told as it is now
+            and (cut := _stopped_cut(prepared, stopped, budget))
+        ):
             # The part stopped had its first tokens evaluated: a cut that begins as it does
             # (its first lines, in its order) finds them cached. Lore retrieved for the final
             # transcript instead would differ from the partial's right after the header.

@@ -311,8 +311,13 @@ class Engine:
             running = self._decoding
             if (
                 running
-                and not (request_id in running and active.request.finish_step_on_cancel)
                 and all((other := self._active.get(rid)) is None or other.done for rid in running)
+                # A warm-up's step, cancelled now or before, is let finish (its KV is kept).
+                and not any(
+                    (other := self._active.get(rid)) is not None
+                    and other.request.finish_step_on_cancel
+                    for rid in running
+                )
             ):
                 # Nobody wants what the running decode call computes: stop it now (its
                 # cells are rolled back; the cancelled request keeps what came before).

@@ -466,7 +466,8 @@ class LlamaCppBackend(Backend):
             return False
         # Cells shared with other sequences (a copied persona prefix) lie before `start`: a
         # shift moves a shared cell for every sequence holding it.
-        self._lib.llama_memory_seq_rm(self._memory, seq_id, start, end)
+        if not self._lib.llama_memory_seq_rm(self._memory, seq_id, start, end):
+            return False  # a memory that cannot drop a stretch (recurrent): nothing changed
         self._lib.llama_memory_seq_add(self._memory, seq_id, end, -1, start - end)
         return True
 
