@@ -679,6 +679,9 @@ async def test_a_warm_up_cancelled_mid_step_keeps_that_steps_tokens(smollm: Engi
             in_call = len(seq.tokens) if seq is not None else 0  # through the running call
             stream.cancel()
             running = request.request_id in smollm._decoding
+            # Another request cancelled while that call runs (a barge-in elsewhere) does not
+            # stop it either: the call is still the warm-up's.
+            smollm.submit(ask(f"other-{attempt}", QUESTIONS[0], 4)).cancel()
             again = smollm.submit(ask(f"kept-{attempt}", long, 8))
             stopped = await stream.collect()
             assert stopped.finish_reason == "cancelled" and not stopped.text
