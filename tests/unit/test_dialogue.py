@@ -367,7 +367,12 @@ def test_a_stopped_parts_cut_is_a_prefix_of_its_lore_in_its_order() -> None:
     after a long one is not taken: the prompt must begin as the part's did); a source whose
     lines are all cut goes too; a first line too long alone leaves no cut (the line then
     waits for no more lore than `more_lore_tokens` either way)."""
-    from mythic.dialogue._actor import _lines_cut, _stopped_cut, _told_of
+    from mythic.dialogue._actor import _stopped_cut, _told_of
+    from mythic.knowledge import lore_beyond
+
+    def _lines_cut(section: str, max_chars: int) -> str:
+        first = section.splitlines()[0]
+        return lore_beyond(None, section, max_chars=max_chars, header=first, in_order=True) or ""
 
     long = "| " + "x" * 300
     section = "\n".join(

@@ -148,16 +148,22 @@ class _Told:
     def more_chars(self) -> int:
         return sum(len(m.content) for m in self.more)
 
-    def head(self, max_chars: int, *, at_least_one: bool = True) -> _Told:
+    def head(self, max_chars: int, *, at_least_one: bool = True, in_order: bool = False) -> _Told:
         """This context with only the first lines of its lore that fit in `max_chars` (one at
         least, with `at_least_one`), most relevant first: the first part of a context told
-        in parts, or a context cut short."""
+        in parts, or a context cut short (`in_order`: up to the first line that does not
+        fit, so that its prompt begins as this context's; `lore_beyond`)."""
         if not self.lore:
             return self
         first = self.lore.splitlines()[0]
         header = first if first in (HEADERS["lore"], MORE_LORE) else HEADERS["lore"]
         lore = lore_beyond(
-            None, self.lore, max_chars=max_chars, header=header, at_least_one=at_least_one
+            None,
+            self.lore,
+            max_chars=max_chars,
+            header=header,
+            at_least_one=at_least_one,
+            in_order=in_order,
         )
         return _told_of(lore, self.scene)
 
@@ -165,25 +171,6 @@ class _Told:
         """This context and a `## More Lore` message after it (the prompt's KV extends)."""
         lore = f"{self.lore}\n{more}" if self.lore else more
         return _Told(lore, self.scene, self.message, (*self.more, ChatMessage("system", more)))
-
-
-def _lines_cut(section: str, max_chars: int) -> str:
-    """The first lines of a lore section (its header, then `From ...:` sources and lines)
-    that fit in `max_chars`, in order: a prefix of `section`, so that the prompt telling it
-    extends one that told `section`. Empty when not even its first lore line fits."""
-    kept: list[str] = []
-    used = 0
-    has_line = False
-    for line in section.splitlines():
-        used += len(line) + 1
-        if used > max_chars:
-            break
-        kept.append(line)
-        is_source = line.startswith("From ") and line.endswith(":")
-        has_line = has_line or (line not in (HEADERS["lore"], MORE_LORE) and not is_source)
-    while kept and kept[-1].startswith("From ") and kept[-1].endswith(":"):
-        kept.pop()  # a source with none of its lines kept
-    return "\n".join(kept) if has_line else ""
 
 
 def _stopped_cut(prepared: _Told | None, stopped: _Told, max_chars: int) -> _Told | None:
@@ -195,8 +182,8 @@ def _stopped_cut(prepared: _Told | None, stopped: _Told, max_chars: int) -> _Tol
     if prepared is None:
         if stopped.more or not stopped.lore:
             return None
-        cut = _lines_cut(stopped.lore, max_chars)
-        return _told_of(cut, stopped.scene) if cut else None
+        cut = stopped.head(max_chars, at_least_one=False, in_order=True)
+        return cut if cut.lore else None
     n = len(prepared.more)
     if (
         stopped.message != prepared.message
@@ -204,7 +191,7 @@ def _stopped_cut(prepared: _Told | None, stopped: _Told, max_chars: int) -> _Tol
         or len(stopped.more) != n + 1
     ):
         return None
-    more = _lines_cut(stopped.more[n].content, max_chars)
+    more = lore_beyond(None, stopped.more[n].content, max_chars=max_chars, in_order=True)
     if not more:
         return prepared
     return prepared.extended(more)

@@ -372,6 +372,7 @@ def lore_beyond(
     max_chars: int | None = None,
     header: str = MORE_LORE,
     at_least_one: bool = False,
+    in_order: bool = False,
 ) -> str | None:
     """The lines of a `## Lore` section `lore` that `prepared` (another `## Lore` section)
     lacks, as a `## More Lore` section, each under its `From ...:` source; None when it lacks
@@ -384,7 +385,10 @@ def lore_beyond(
 
     `header` heads the section instead (`## Lore` for the first part of a section told in
     parts); with `at_least_one`, the first line `prepared` lacks is taken even when it alone
-    exceeds `max_chars`, so that a long line cannot be left out of every part.
+    exceeds `max_chars`, so that a long line cannot be left out of every part. With
+    `in_order`, the lines stop at the first that does not fit (none after it is taken): for
+    a section that came from here, the result is then its beginning, so a prompt telling it
+    begins as one that told the whole section.
     """
     if not lore:
         return None
@@ -404,6 +408,8 @@ def lore_beyond(
         new_source = source if source is not None and source != told else None
         cost = len(line) + 1 + (len(new_source) + 1 if new_source is not None else 0)
         if max_chars is not None and used + cost > max_chars and (lines or not at_least_one):
+            if in_order:
+                break
             continue
         if new_source is not None:
             lines.append(new_source)
