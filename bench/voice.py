@@ -155,15 +155,25 @@ async def speaker(
     url: str, npc: str, lines: list[tuple[str, bytes]], on_row: Callable[[dict[str, Any]], None]
 ) -> list[dict[str, Any]]:
     from mythic.client import MythicClient
-    from mythic.contracts import VoiceFormat
+    from mythic.contracts import ToolCall, VoiceFormat
 
     rows = []
-    async with MythicClient(url, voice=VoiceFormat(binary=True), timeout_s=120) as client:
+
+    async def game(call: ToolCall) -> tuple[Any, None]:
+        # A game does what the NPC asked at once: unanswered, each call would hold its line
+        # for `dialogue.tool_timeout_s` and its retries (21 s by default).
+        return "ok", None
+
+    async with MythicClient(
+        url, voice=VoiceFormat(binary=True), timeout_s=120, tool_handler=game
+    ) as client:
         for text, pcm in lines:
+            began = time.perf_counter()
             turn = await client.talk(npc, pcm)
             with contextlib.suppress(TimeoutError):  # a line unanswered stays in the table
                 await turn.wait(240)
             end = turn.speech_end_at or time.perf_counter()
+            rate = turn.sample_rate or 1
             marks = {
                 "asr_final": turn.heard_at,
                 "first_token": turn.first_delta_at,
@@ -175,6 +185,9 @@ async def speaker(
                     "question": text,
                     "heard": turn.transcript,
                     **{k: (v - end if v is not None else None) for k, v in marks.items()},
+                    "line_s": round(time.perf_counter() - began, 2),
+                    "reply_audio_s": round(len(turn.pcm) / 2 / rate, 2),
+                    "tools": [c.name for c in turn.tool_calls],
                 }
             )
             on_row(rows[-1])
@@ -369,7 +382,11 @@ def main() -> None:
                 print(f"  could not save the lines so far: {exc}", flush=True)
             first = row["first_audio"]
             heard = f"first audio {first * 1000:.0f} ms" if first is not None else "no answer"
-            print(f"  {len(done)}/{len(audio)} {row['npc']}: {heard}", flush=True)
+            print(
+                f"  {len(done)}/{len(audio)} {row['npc']}: {heard}; line {row['line_s']} s, "
+                f"reply {row['reply_audio_s']} s of audio, tools {row['tools'] or 'none'}",
+                flush=True,
+            )
 
         with spawned_server(
             WORLD, threads=args.threads, voice=True, nice=0, log_to=args.server_log

@@ -389,6 +389,28 @@ async def test_espeak_is_an_instant_fallback_engine(tts: TTSPool) -> None:
     assert len({v.label for c in chunks for v in c.visemes}) >= 5
 
 
+async def test_an_espeak_voice_is_spoken_by_piper_where_espeak_ng_is_missing(
+    tts: TTSPool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A machine without espeak-ng (an inference server with only pip packages): the lich
+    # keeps talking, in Piper's voice with its own effects, instead of falling silent.
+    settings = SETTINGS.model_copy(
+        update={"tts_workers": 1, "espeak_program": "/nonexistent/espeak-ng"}
+    )
+    with caplog.at_level("WARNING", logger="mythic.speech"):
+        async with TTSPool(settings) as bare:
+            assert bare.engines == {"piper": True, "espeak": False, "sox": True}
+            chunks = await collect(bare.synthesize(QUESTION, "lich"))
+            forced = await collect(bare.synthesize("Stop.", "human", engine="espeak"))
+    assert chunks and chunks[-1].final and forced and forced[-1].final
+    assert len({v.label for c in chunks for v in c.visemes}) >= 5
+    lich = b"".join(c.pcm for c in chunks)
+    espeak = b"".join(c.pcm for c in await collect(tts.synthesize(QUESTION, "lich")))
+    assert lich != espeak
+    warned = [r.getMessage() for r in caplog.records if "espeak-ng" in r.getMessage()]
+    assert len(warned) == 1 and "lich" in warned[0] and "ghoul" in warned[0], warned
+
+
 async def test_cancel_stops_the_synthesis_and_frees_the_worker(tts: TTSPool) -> None:
     async with asyncio.timeout(60):
         speech = tts.synthesize(LONG_TEXT, "vampire")

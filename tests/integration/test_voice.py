@@ -14,12 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
-from mythic.client import MythicClient, VoiceTurn
+from mythic.client import MythicClient, ToolResult, VoiceTurn
 from mythic.config import MythicSettings
 from mythic.contracts import (
     AudioChunk,
     Cutoff,
     Error,
+    ToolCall,
     VoiceFormat,
     dump_audio_frame,
 )
@@ -59,13 +60,14 @@ async def voice_server(
     settings: MythicSettings,
     max_tokens: int = 40,
     spoken_max_sentences: int = 3,
+    decide: bool = False,
 ) -> AsyncIterator[tuple[str, Gateway]]:
     _speech_available()
     async with running(
         engines,
         settings,
         chat={"max_tokens": max_tokens, "temperature": 0.0},
-        dialogue={"decide": False, "spoken_max_sentences": spoken_max_sentences},
+        dialogue={"decide": decide, "spoken_max_sentences": spoken_max_sentences},
         speech={"enabled": True, "sample_rate": RATE, "partial_interval_ms": 300},
     ) as (address, gateway):
         voice = gateway.voice
@@ -178,6 +180,37 @@ async def test_a_spoken_reply_ends_with_its_last_allowed_sentence(
     assert "mythic_spoken_replies_capped_total 1.0" in metrics
     assert turn.chunks and turn.chunks[-1].final and turn.spoken.is_set()
     assert [m.content for m in history if m.role == "assistant"] == [text]
+
+
+async def test_a_spoken_lines_tool_call_reaches_the_games_handler(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    calls: list[ToolCall] = []
+
+    async def game(call: ToolCall) -> ToolResult:
+        calls.append(call)
+        return "ok", {"distance_m": 140}
+
+    async with (
+        voice_server(engines, settings, decide=True) as (address, gateway),
+        MythicClient(
+            f"ws://{address}/v1/ws", voice=VoiceFormat(binary=True), timeout_s=60,
+            tool_handler=game,
+        ) as client,
+        asyncio.timeout(300),
+    ):  # fmt: skip
+        await client.scene("marla", zone="old_town", time="21:10", objects={"player": 1.2})
+        line = "Which way to Blackfen Marsh? Set a waypoint to Blackfen Marsh for me."
+        turn = await client.talk("marla", await said(gateway, line))
+        await turn.wait(180)
+        history = list(gateway.cast.actors["marla"].histories[client.session_id])
+    # The call reached the game at once (not after the server's tool timeout), the turn
+    # lists it, and the game's answer is what the NPC's history holds.
+    assert [c.name for c in calls] == ["set_waypoint"], (turn.transcript, turn.text)
+    assert turn.tool_calls == calls and calls[0].turn_id == turn.turn_id
+    events = [m.content for m in history if m.content.startswith("Game event:")]
+    assert len(events) == 1 and '-> ok {"distance_m": 140}' in events[0], events
+    assert turn.spoken.is_set() and turn.chunks and turn.chunks[-1].final
 
 
 async def test_speaking_over_the_npc_cuts_it_off_and_the_next_turn_knows(

@@ -141,6 +141,9 @@ class VoiceTurn:
         self.transcript: str | None = None
         self.deltas: list[LLMStreamDelta] = []
         self.chunks: list[TTSChunk] = []
+        self.tool_calls: list[ToolCall] = []
+        """The game tools the NPC called in its reply: the client's `tool_handler` answers
+        them, or `MythicClient.ack` where it has none."""
         self.errors: list[Error] = []
         self.cutoff: Cutoff | None = None
         self.speech_end_at: float | None = None
@@ -203,6 +206,8 @@ class VoiceTurn:
                     self.replied.set()
                     if message.finish_reason in ("cutoff", "error"):
                         self.spoken.set()
+            case ToolCall():
+                self.tool_calls.append(message)
             case TTSChunk():
                 if self.first_audio_at is None:
                     self.first_audio_at = now
@@ -583,6 +588,12 @@ class MythicClient:
 
     def _route(self, message: ServerMessage) -> None:
         turn_id = getattr(message, "turn_id", None)
+        if isinstance(message, ToolCall) and self.tool_handler is not None:
+            # Every call is answered, a spoken line's too: an unanswered one holds the NPC's
+            # turn for the server's tool timeout and its retries.
+            task = asyncio.create_task(self._handle_tool(message))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         if self._route_voice(message, turn_id):
             return
         turn = self._turns.get(turn_id) if turn_id else None
@@ -591,10 +602,6 @@ class MythicClient:
                 turn._put(message)
                 return
             case ToolCall():
-                if self.tool_handler is not None:
-                    task = asyncio.create_task(self._handle_tool(message))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
                 if turn is not None:
                     turn._put(message)
                     return

@@ -226,6 +226,15 @@ class TTSPool(PooledWorkers):
         )
         await pool.start()
         self._pool = pool
+        engines = self.engines
+        espeak_voices = sorted(v.voice_id for v in self.voices if v.engine == "espeak")
+        if engines.get("piper") and not engines.get("espeak") and espeak_voices:
+            log.warning(
+                "espeak-ng (%s) is not installed: the voices %s are spoken by Piper with their "
+                "rate, pitch and effects (fix: apt-get install espeak-ng)",
+                s.espeak_program,
+                ", ".join(espeak_voices),
+            )
 
     @property
     def engines(self) -> dict[str, bool]:

@@ -127,9 +127,13 @@ class Synthesizer:
                 raise VoiceUnavailableError(f"Piper is unavailable: {self._piper_error}")
             return "espeak"
         if wanted == "espeak" and self.espeak is None:
-            raise VoiceUnavailableError(
-                "espeak-ng is not installed", fix="apt-get install espeak-ng"
-            )
+            if self._piper is None:
+                raise VoiceUnavailableError(
+                    "espeak-ng is not installed", fix="apt-get install espeak-ng"
+                )
+            # The NPC keeps its voice's rate, pitch and effects in Piper's base voice rather
+            # than falling silent (the pool warns once at start).
+            return "piper"
         return wanted
 
     def _speak(self, engine: str, text: str, profile: VoiceProfile) -> _Clause:

