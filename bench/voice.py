@@ -37,6 +37,12 @@ tokens to `prefill_beside_gold`.
 (`parts`): the lore is evaluated in parts while the player speaks, and the line tells the
 parts finished when they stop plus `more_lore_tokens` more.
 
+`--warm off,on` compares rounds without and with the round's NPCs' prompts (persona, and the
+decision's) evaluated before the first line (`POST /v1/warmup {"npcs": [...]}`, as a game does
+when the player comes near them, and as the server does for its first `server.warm_npcs` NPCs
+in the background at start): what a session's first line costs cold. The server's own
+background warm-up is off in every round (`MYTHIC_SERVER__WARM_NPCS=0`), so `off` is cold.
+
 The server runs with the environment it is given: `MYTHIC_ENGINE__BACKEND=transformers
 MYTHIC_ENGINE__DEVICE=cuda` runs the model on a GPU with the transformers backend, and
 `MYTHIC_ENGINE__N_GPU_LAYERS=-1` with a CUDA build of llama.cpp; both are recorded in the
@@ -51,6 +57,7 @@ for a short GPU lease.
                                     [--decision-engine before,grammar,steps]
                                     [--baseline] [--asr-window-s S] [--server-log PATH]
                                     [--first-phrase-words 0,6] [--spoken-lore all,parts]
+                                    [--warm off,on]
                                     [--out PATH]
 """
 
@@ -207,6 +214,16 @@ async def server_hops(address: str) -> dict[str, dict[str, float]]:
     return found
 
 
+async def warm_up(address: str, npcs: list[str]) -> float:
+    """The game's call when the player comes near `npcs`: their personas evaluated; seconds."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=f"http://{address}", timeout=600) as http:
+        reply = await http.post("/v1/warmup", json={"npcs": npcs})
+        reply.raise_for_status()
+        return float(reply.json()["seconds"])
+
+
 async def run_round(
     url: str, speakers: int, audio: list[bytes], on_row: Callable[[dict[str, Any]], None]
 ) -> list[dict[str, Any]]:
@@ -276,6 +293,13 @@ def main() -> None:
         "the ratio is against the first",
     )
     parser.add_argument(
+        "--warm",
+        default="off",
+        help="rounds without and with the NPCs' personas warmed before the first line, e.g. "
+        "off,on (POST /v1/warmup, as a game does when the player comes near); the ratio is "
+        "against the first",
+    )
+    parser.add_argument(
         "--server-log",
         type=Path,
         default=None,
@@ -308,13 +332,17 @@ def main() -> None:
     lores = args.spoken_lore.split(",") if args.spoken_lore else ["parts"]
     if set(lores) - set(SPOKEN_LORE):
         parser.error(f"--spoken-lore takes {', '.join(SPOKEN_LORE)}")
+    warms = args.warm.split(",")
+    if set(warms) - {"off", "on"}:
+        parser.error("--warm takes off and on")
     plan = [
-        (count, True, w, lore, decide, engine)
+        (count, True, w, lore, decide, engine, warm == "on")
         for count in counts
         for w in words or [default_words]
         for lore in lores
         for decide in decides
         for engine in engines
+        for warm in warms
     ]
     if args.baseline:
         plan.insert(0, (counts[0], False, *plan[0][2:]))
@@ -335,7 +363,9 @@ def main() -> None:
             quiet=quiet,
         )
 
-    for count, ahead, first_words, lore, decide, engine in plan:
+    # Cold unless the round warms (`--warm on`): no background warm-up racing the first lines.
+    os.environ["MYTHIC_SERVER__WARM_NPCS"] = "0"
+    for count, ahead, first_words, lore, decide, engine, warm in plan:
         os.environ["MYTHIC_DIALOGUE__FIRST_PHRASE_WORDS"] = str(first_words)
         for name, value in DECISION_ENGINE[engine].items():
             if value is None:
@@ -368,6 +398,7 @@ def main() -> None:
             "spoken_lore": lore,
             "decide": decide == "on",
             "decision_engine": engine,
+            "warm": warm,
         }
         done: list[dict[str, Any]] = []
 
@@ -391,15 +422,21 @@ def main() -> None:
         with spawned_server(
             WORLD, threads=args.threads, voice=True, nice=0, log_to=args.server_log
         ) as url:
-            rows = asyncio.run(run_round(url, count, audio, on_row))
             address = url.removeprefix("ws://").removesuffix("/v1/ws")
+            if warm:
+                seconds = asyncio.run(warm_up(address, NPCS[:count]))
+                setting["warm_up_s"] = round(seconds, 2)
+                print(
+                    f"  {', '.join(NPCS[:count])}: personas warmed in {seconds:.2f} s", flush=True
+                )
+            rows = asyncio.run(run_round(url, count, audio, on_row))
             server = asyncio.run(server_hops(address))
         rounds.append({**setting, **summarise(rows, server)})
         save(rounds)
     base = rounds[0]["client_ms"]
     print("end of speech -> each hop, ms, on the client (server's own trace in brackets)")
     print(
-        f"{'speakers':>8} {'ahead':<6}{'words':>5} {'lore':<6}{'decide':<7}{'engine':<8}"
+        f"{'speakers':>8} {'ahead':<6}{'warm':<5}{'words':>5} {'lore':<6}{'decide':<7}{'engine':<8}"
         f"{'hop':<16}{'p50':>8}{'p95':>8}{'p99':>8}{'server p50':>12}{'x p50':>7}"
     )
     for r in rounds:
@@ -408,6 +445,7 @@ def main() -> None:
             own = r["server_ms"].get(hop, {}).get("p50")
             print(
                 f"{r['speakers']:>8} {'on' if r['ahead'] else 'off':<6}"
+                f"{'on' if r.get('warm') else 'off':<5}"
                 f"{r['first_phrase_words']:>5} {r['spoken_lore']:<6}"
                 f"{'on' if r['decide'] else 'off':<7}{r['decision_engine']:<8}{hop:<16}"
                 f"{fmt(ms['p50'], '.0f'):>8}{fmt(ms['p95'], '.0f'):>8}"

@@ -18,6 +18,10 @@ CATEGORIES = ("unit", "integration", "e2e")
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_WORLD = ROOT / "examples" / "worlds" / "ravenmoor"
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+# Servers started by tests (in-process and spawned) do not warm NPC prompts in the background
+# at start: tests count prompt tokens and cached tokens right after start. The warm-up has a
+# test of its own that turns it on.
+os.environ.setdefault("MYTHIC_SERVER__WARM_NPCS", "0")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

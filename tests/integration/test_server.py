@@ -469,6 +469,51 @@ async def test_an_intent_request_gets_a_constrained_intent_and_a_short_bark(
     assert update.bark is not None and 1 <= len(update.bark.split()) <= 8
 
 
+async def test_a_warm_up_evaluates_the_npcs_decision_prompt_before_its_first_line(
+    server: tuple[str, Gateway], engines: tuple[Engine, Engine]
+) -> None:
+    address, _ = server
+    _, decide = engines  # the per-line decision runs on its own engine here
+    before = decide.metrics()
+    async with httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http:
+        assert (await http.post("/v1/warmup", json={"npcs": ["old_tobin"]})).status_code == 200
+    warmed = decide.metrics()
+    # The decision's system prompt (the NPC's tools, the places, the answer's form) was
+    # evaluated on the engine that decides...
+    assert warmed.prompt_tokens - before.prompt_tokens >= 150
+    async with MythicClient(f"ws://{address}/v1/ws", tool_handler=done) as client:
+        async with asyncio.timeout(120):
+            await (await client.say("old_tobin", "Good evening, how are you?")).reply()
+    after = decide.metrics()
+    # ...so the first line's decision found it cached (a cold one evaluates all of it).
+    assert after.completed > warmed.completed
+    assert after.cached_prompt_tokens - warmed.cached_prompt_tokens >= 150
+
+
+async def test_a_started_server_warms_its_first_npcs_prompts_behind_the_players(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    talk, decide = engines
+    before = talk.metrics(), decide.metrics()
+    async with running(engines, settings, server={"warm_npcs": 2}) as (address, gateway):
+        assert gateway.ready  # readiness did not wait for the NPCs
+        await until(lambda: len(gateway.warmed) == 2, timeout_s=120)
+        after = talk.metrics(), decide.metrics()
+        async with MythicClient(f"ws://{address}/v1/ws", tool_handler=done) as client:
+            async with asyncio.timeout(120):
+                await (await client.say(gateway.warmed[0], "Good evening!")).reply()
+        line = talk.metrics(), decide.metrics()
+    assert gateway.warmed == sorted(gateway.world.npcs)[:2]
+    # Each NPC's persona on the dialogue engine and its decision prompt on the deciding one
+    # (beside one request per engine that warms the engine itself)...
+    for engine in (0, 1):
+        assert after[engine].completed - before[engine].completed >= 3
+        assert after[engine].prompt_tokens - before[engine].prompt_tokens >= 2 * 150
+    # ...and the first line's reply and decision start from them.
+    for engine in (0, 1):
+        assert line[engine].cached_prompt_tokens - after[engine].cached_prompt_tokens >= 150
+
+
 async def test_http_endpoints(server: tuple[str, Gateway]) -> None:
     address, _ = server
     async with httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http:

@@ -65,6 +65,21 @@ class ConnectionLostError(ClientError):
     retryable = True
 
 
+def reply_text(deltas: list[LLMStreamDelta]) -> str:
+    """A turn's reply text: its deltas joined, with a space between the reply and the words
+    that voice a tool's result after it (the stream's segments, split by a `tool_call` final
+    delta), where neither side has one."""
+    text = ""
+    gap = False
+    for d in deltas:
+        if gap and text and d.delta and not text[-1].isspace() and not d.delta[0].isspace():
+            text += " "
+        text += d.delta
+        if d.delta or d.final:
+            gap = d.final and d.finish_reason == "tool_call"
+    return text
+
+
 class Turn:
     """One player line and everything the NPC sends back for it, in order."""
 
@@ -82,7 +97,7 @@ class Turn:
     @property
     def text(self) -> str:
         """The reply text received so far."""
-        return "".join(d.delta for d in self.deltas)
+        return reply_text(self.deltas)
 
     def _put(self, item: TurnEvent | BaseException) -> None:
         self._queue.put_nowait(item)
@@ -161,7 +176,7 @@ class VoiceTurn:
     @property
     def text(self) -> str:
         """The reply text received so far."""
-        return "".join(d.delta for d in self.deltas)
+        return reply_text(self.deltas)
 
     @property
     def pcm(self) -> bytes:

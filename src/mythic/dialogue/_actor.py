@@ -1070,6 +1070,26 @@ class NPCActor:
         ids = ["player", *(o.id for o in self.scene.objects if o.id != "player")]
         return ids[:32]
 
+    def decision_request(self, session_id: str, text: str, *, tools: bool) -> GenerationRequest:
+        """The gold request that decides `text`'s intent and tool (`tools`: the NPC's tools
+        offered); its system message is the same for every line of a scene, so a warm-up
+        (`Gateway.warmup`) can have it evaluated before the player's first line."""
+        offered = self.tools if tools else []
+        schema = decision_schema(offered, places=self._places(), targets=self._targets())
+        return GenerationRequest(
+            npc_id=self.npc_id,
+            session_id=f"{session_id}/decide",
+            messages=[
+                ChatMessage("system", self._intent_prompt(offered)),
+                ChatMessage("user", text),
+            ],
+            priority=Priority.GOLD,
+            json_schema=schema,
+            sampling=Sampling(
+                max_tokens=self.cast.settings.dialogue.decision_max_tokens, temperature=0.0
+            ),
+        )
+
     async def _decide(self, line: PlayerLine) -> Decision | None:
         """The intent of the line and at most one tool call, by a gold constrained request.
 
@@ -1078,20 +1098,7 @@ class NPCActor:
         and counts as none: the reply goes on.
         """
         tools = self.tools if line.tools else []
-        schema = decision_schema(tools, places=self._places(), targets=self._targets())
-        request = GenerationRequest(
-            npc_id=self.npc_id,
-            session_id=f"{line.session_id}/decide",
-            messages=[
-                ChatMessage("system", self._intent_prompt(tools)),
-                ChatMessage("user", line.text),
-            ],
-            priority=Priority.GOLD,
-            json_schema=schema,
-            sampling=Sampling(
-                max_tokens=self.cast.settings.dialogue.decision_max_tokens, temperature=0.0
-            ),
-        )
+        request = self.decision_request(line.session_id, line.text, tools=line.tools)
         try:
             done = await self.cast.router.complete(
                 request, "tool_decision", archetype=self.persona.archetype

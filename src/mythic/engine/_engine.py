@@ -783,7 +783,7 @@ class Engine:
             self._scheduler.remove(active.request.request_id)
         self.backend.free_sampler(active.sampler)
         if active.seq is not None:
-            if discard:
+            if discard or not active.request.keep_session:
                 self._cache.discard(active.seq)
             else:
                 self._cache.release(active.seq, keep=keep)

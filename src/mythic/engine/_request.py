@@ -48,6 +48,10 @@ class GenerationRequest:
     stopping it part-way (what the step evaluates is then kept, not rolled back). For
     warm-ups whose prompt the session's next one extends: stopped for the line, they hand
     the line the tokens of their last step instead of losing them."""
+    keep_session: bool = True
+    """Keep the request's sequence for the session's next turn. False (a warm-up that exists to
+    evaluate a shared prefix, a persona): the sequence is dropped when the request ends and
+    only the prefix it shared stays cached, holding no sequence slot of its own."""
     continue_text: str = ""
     """Reply text already given (by an endpoint that failed mid-stream): the prompt ends with
     it and the generation continues it. Only with `messages`."""

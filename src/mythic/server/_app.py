@@ -30,8 +30,10 @@ from mythic.dialogue import (
 from mythic.engine import (
     ChatMessage,
     Engine,
+    EngineError,
     GenerationRequest,
     Priority,
+    RequestError,
     ResidentAdapters,
     Sampling,
 )
@@ -209,6 +211,8 @@ class Gateway:
             if replies is None:
                 self.cast.replies = self.voice
         self.ready = False
+        self.warmed: list[str] = []
+        """NPCs whose prompts were warmed (`warm_npcs`), in order."""
         self.started = time.monotonic()
         self._connections: dict[str, Connection] = {}
         self._voice_tasks: set[asyncio.Task[None]] = set()
@@ -339,7 +343,7 @@ class Gateway:
                 self._voice_gone(session.id, forget=True)
 
     async def warmup(self, npcs: list[str]) -> float:
-        """Run every engine once (and evaluate the listed NPCs' persona prompts); seconds."""
+        """Run every engine once (and warm the listed NPCs' prompts: `warm_npcs`); seconds."""
         start = time.perf_counter()
         engines = {id(e): e for e in self.router.engines().values()}
         for engine in engines.values():
@@ -352,20 +356,41 @@ class Gateway:
             )
             async with engine.submit(request) as stream:
                 await stream.collect()
-        for npc_id in npcs if self.engine is not None else []:
+        await self.warm_npcs(npcs)
+        self.ready = True
+        return time.perf_counter() - start
+
+    async def warm_npcs(self, npcs: list[str], priority: Priority = Priority.SILVER) -> None:
+        """Evaluate each NPC's persona prompt and, with `dialogue.decide`, its decision prompt
+        (its tools and the scene, on the engine that decides), kept as shared prefixes: a
+        session's first line starts from them instead of ~300 cold tokens each."""
+        if self.engine is None:
+            return
+        once = Sampling(max_tokens=1, temperature=0.0)
+        for npc_id in npcs:
             actor = self.cast.actor(npc_id)
             request = GenerationRequest(
                 npc_id=npc_id,
                 session_id="_warmup",
                 messages=[actor.system, ChatMessage("user", "...")],
-                priority=Priority.SILVER,
-                sampling=Sampling(max_tokens=1, temperature=0.0),
+                priority=priority,
+                sampling=once,
+                keep_session=False,
             )
-            assert self.engine is not None
             async with self.engine.submit(request) as stream:
                 await stream.collect()
-        self.ready = True
-        return time.perf_counter() - start
+            if self.settings.dialogue.decide:
+                decision = actor.decision_request("_warmup", "...", tools=True)
+                decision.priority, decision.sampling = priority, once
+                decision.keep_session = False
+                try:
+                    await self.router.complete(
+                        decision, "tool_decision", archetype=actor.persona.archetype
+                    )
+                except (RequestError, EngineError) as exc:
+                    log.warning("warm-up of %s's decision failed: %s", npc_id, exc)
+            if npc_id not in self.warmed:
+                self.warmed.append(npc_id)
 
     async def say(self, npc_id: str, body: SayRequest) -> SayReply:
         """One HTTP turn: the line goes through the NPC's actor like a WebSocket one, without
@@ -517,6 +542,19 @@ async def _warm(gateway: Gateway) -> None:
         log.info("warmed up in %.2f s", seconds)
     except (MythicError, TimeoutError):
         log.exception("warm-up failed; /readyz stays 503 until POST /v1/warmup succeeds")
+        return
+    # Then, in the background of a ready server, the first NPCs' prompts (server.warm_npcs),
+    # behind every player's request.
+    npcs = sorted(gateway.world.npcs)[: gateway.settings.server.warm_npcs]
+    if not npcs:
+        return
+    started = time.perf_counter()
+    try:
+        await gateway.warm_npcs(npcs, Priority.BRONZE)
+    except (MythicError, TimeoutError) as exc:
+        log.warning("warming the NPCs' prompts stopped: %s", exc)
+        return
+    log.info("warmed %d NPCs' prompts in %.2f s", len(npcs), time.perf_counter() - started)
 
 
 def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
