@@ -328,6 +328,9 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     for split, realtime in placements:
         cpus = split.model if split is not None else None
+        # No background warm-up of NPC prompts at the server's start (server.warm_npcs): it
+        # would load the first round only.
+        os.environ.setdefault("MYTHIC_SERVER__WARM_NPCS", "0")
         with spawned_server(WORLD, threads=args.threads, cpus=cpus) as url:
             for n in range(args.rounds):  # rounds interleaved, so slow spells hit every row
                 for npcs in sizes:

@@ -141,6 +141,9 @@ def bench_settings(settings: MythicSettings, tokens: int, conversations: int) ->
             "rate_per_s": 1e6,
             "rate_burst": 10**6,
             "max_sessions": max(settings.server.max_sessions, 4 * conversations),
+            # The direct path has no background warm-up at start; both paths warm their
+            # personas with one untimed turn per NPC instead.
+            "warm_npcs": 0,
         },
     }
     updates = {
