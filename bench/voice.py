@@ -215,7 +215,8 @@ async def server_hops(address: str) -> dict[str, dict[str, float]]:
 
 
 async def warm_up(address: str, npcs: list[str]) -> float:
-    """The game's call when the player comes near `npcs`: their personas evaluated; seconds."""
+    """The game's call when the player comes near `npcs`: their prompts (persona, decision)
+    evaluated; seconds."""
     import httpx
 
     async with httpx.AsyncClient(base_url=f"http://{address}", timeout=600) as http:
@@ -295,7 +296,7 @@ def main() -> None:
     parser.add_argument(
         "--warm",
         default="off",
-        help="rounds without and with the NPCs' personas warmed before the first line, e.g. "
+        help="rounds without and with the NPCs' prompts warmed before the first line, e.g. "
         "off,on (POST /v1/warmup, as a game does when the player comes near); the ratio is "
         "against the first",
     )
@@ -426,9 +427,7 @@ def main() -> None:
             if warm:
                 seconds = asyncio.run(warm_up(address, NPCS[:count]))
                 setting["warm_up_s"] = round(seconds, 2)
-                print(
-                    f"  {', '.join(NPCS[:count])}: personas warmed in {seconds:.2f} s", flush=True
-                )
+                print(f"  {', '.join(NPCS[:count])}: prompts warmed in {seconds:.2f} s", flush=True)
             rows = asyncio.run(run_round(url, count, audio, on_row))
             server = asyncio.run(server_hops(address))
         rounds.append({**setting, **summarise(rows, server)})
