@@ -7,9 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from mythic.cli._eval import load_probes
 from mythic.knowledge import WorldLoadError, load_world
 
 pytestmark = pytest.mark.unit
+
+# Held out: checks that quality work generalises beyond Ravenmoor, never used to tune it.
+HELD_OUT_WORLD = Path(__file__).resolve().parents[2] / "examples" / "worlds" / "coldiron"
 
 WORLD_YAML = """\
 name: Testholm
@@ -58,6 +62,22 @@ def test_the_example_world_loads(example_world: Path) -> None:
         assert world.lore_for(zone), f"zone {zone} has no lore"
     for persona in world.npcs.values():
         assert persona.zone in world.card.zones
+
+
+def test_the_held_out_world_loads_with_its_probes() -> None:
+    world = load_world(HELD_OUT_WORLD)
+    assert not world.skipped
+    assert len(world.card.zones) >= 3
+    assert len(world.npcs) >= 6
+    assert len({p.archetype for p in world.npcs.values()}) >= 4
+    for zone in world.card.zones:
+        assert world.lore_for(zone), f"zone {zone} has no lore"
+    for npc_id, persona in world.npcs.items():
+        assert persona.zone in world.card.zones, npc_id
+        assert persona.taboos and persona.catchphrases, npc_id
+    lore = load_probes(HELD_OUT_WORLD / "probes" / "lore.yaml", "lore", world)
+    style = load_probes(HELD_OUT_WORLD / "probes" / "style.yaml", "style", world)
+    assert {p.npc for p in lore} == set(world.npcs) == {p.npc for p in style}
 
 
 def test_a_good_world_with_lore(tmp_path: Path) -> None:
