@@ -435,6 +435,10 @@ async def test_a_grammar_checking_the_greedy_pick_first_gives_the_same_tokens(
         ({"sampling": Sampling(max_tokens=0)}, InvalidRequestError),
         ({"sampling": Sampling(temperature=-1)}, InvalidRequestError),
         ({"sampling": Sampling(stop=("",))}, InvalidRequestError),
+        ({"sampling": Sampling(dry_multiplier=-0.5)}, InvalidRequestError),
+        ({"sampling": Sampling(dry_multiplier=0.8, dry_base=0.5)}, InvalidRequestError),
+        ({"sampling": Sampling(dry_allowed_length=0)}, InvalidRequestError),
+        ({"sampling": Sampling(dry_sequence_breakers=("\n", ""))}, InvalidRequestError),
         ({"deadline_s": 0}, InvalidRequestError),
         ({"npc_id": ""}, InvalidRequestError),
         ({"prompt": "also a prompt"}, InvalidRequestError),
@@ -879,8 +883,10 @@ class FaultBackend(Backend):
     def check_grammar(self, gbnf: str) -> None:
         self.real.check_grammar(gbnf)
 
-    def make_sampler(self, sampling: Sampling, seed: int, grammar: str | None) -> object:
-        return self.real.make_sampler(sampling, seed, grammar)
+    def make_sampler(
+        self, sampling: Sampling, seed: int, grammar: str | None, *, said: Sequence[int] = ()
+    ) -> object:
+        return self.real.make_sampler(sampling, seed, grammar, said=said)
 
     def free_sampler(self, sampler: object) -> None:
         self.real.free_sampler(sampler)

@@ -3,8 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from mythic.config import ConfigError, load_settings
+from mythic.config import ChatSettings, ConfigError, load_settings
 
 pytestmark = pytest.mark.unit
 
@@ -80,3 +81,31 @@ def test_invalid_environment_value(no_config_env: Path, monkeypatch: pytest.Monk
 def test_missing_file(no_config_env: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(no_config_env / "nope.yaml")
+
+
+def test_chat_dry_defaults_and_ranges(no_config_env: Path) -> None:
+    chat = load_settings().chat
+    assert chat.dry_multiplier == 0.8
+    assert (chat.dry_base, chat.dry_allowed_length, chat.dry_penalty_last_n) == (1.75, 2, -1)
+    assert chat.dry_sequence_breakers == ["\n", ":", '"', "*"]
+    assert load_settings(chat={"dry_multiplier": 0}).chat.dry_multiplier == 0
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"dry_multiplier": -0.1}, r"chat\.dry_multiplier.*greater than or equal to 0"),
+        ({"dry_multiplier": "strong"}, r"chat\.dry_multiplier.*valid number"),
+        ({"dry_base": 0.9}, r"chat\.dry_base.*greater than or equal to 1"),
+        ({"dry_allowed_length": 0}, r"chat\.dry_allowed_length.*greater than or equal to 1"),
+        ({"dry_penalty_last_n": -2}, r"chat\.dry_penalty_last_n.*greater than or equal to -1"),
+        ({"dry_sequence_breakers": ["\n", ""]}, r"chat\.dry_sequence_breakers\.1.*at least 1"),
+    ],
+)
+def test_invalid_dry_settings_name_the_setting(
+    no_config_env: Path, values: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValidationError, match="(?s)" + message.removeprefix(r"chat\.")):
+        ChatSettings(**values)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=message):
+        load_settings(chat=values)

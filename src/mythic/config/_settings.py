@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -168,6 +168,34 @@ class ChatSettings(_Section):
     repeat_penalty: float = Field(default=1.1, ge=1.0, le=2.0)
     """Penalty on recently generated tokens."""
 
+    dry_multiplier: float = Field(default=0.8, ge=0.0, le=5.0)
+    """DRY ("don't repeat yourself"): a token that would extend a stretch of text already said
+    (`dry_scope`: by default the NPC's earlier lines) or already in the reply loses
+    `dry_multiplier * dry_base ** (length - dry_allowed_length)` from its logit. 0 turns it
+    off. llama.cpp backend only (the transformers backend ignores it, with a warning)."""
+
+    dry_scope: Literal["lines", "prompt", "reply"] = "lines"
+    """What DRY counts as already said besides the reply: `lines`, the NPC's earlier lines in
+    the conversation; `prompt`, the whole prompt, persona and lore included (the NPC then
+    words the facts it should quote exactly differently, or misspells them); `reply`,
+    nothing."""
+
+    dry_base: float = Field(default=1.75, ge=1.0, le=4.0)
+    """How fast the DRY penalty grows with each further repeated token."""
+
+    dry_allowed_length: int = Field(default=2, ge=1, le=64)
+    """Repeats up to this many tokens long (names, set phrases) go unpenalised by DRY."""
+
+    dry_penalty_last_n: int = Field(default=-1, ge=-1, le=1_048_576)
+    """Tokens DRY looks back over, the last of what `dry_scope` counts as said included: -1
+    the whole context window, 0 off."""
+
+    dry_sequence_breakers: list[Annotated[str, Field(min_length=1, max_length=40)]] = Field(
+        default_factory=lambda: ["\n", ":", '"', "*"]
+    )
+    """Text a DRY repeat never reaches back across (llama.cpp's default): after a line break
+    or a colon, a repeat starts counting again."""
+
     history_turns: int = Field(default=16, ge=0, le=200)
     """Player/NPC exchanges kept in the prompt, at most. The prompt's window of the history
     keeps its first exchange from line to line (so the engine's cache of the prompt holds)
@@ -257,6 +285,20 @@ class DialogueSettings(_Section):
     relevant first: every one of them is evaluated after the player stops speaking. A
     prompt is prepared with room for them and the line. The later partials of a line may add
     this much lore to `knowledge.lore_tokens` in the prepared prompt."""
+
+    line_filter: bool = True
+    """Check each clause of a reply before it leaves (`mythic.dialogue.LineFilter`): assistant
+    phrasing ("feel free to ask", "as an AI"), the NPC speaking of itself in the third person,
+    a taboo's giveaway words (its card's names and numbers that are not public), a line of
+    its card read back and a sentence the NPC already said in the conversation are never
+    sent. A clause is released at its comma
+    or full stop, when a phrase buffer would hand it to speech anyway, so a clean reply's first
+    phrase is not delayed. A reply caught before it said anything is generated again (with a
+    reminder of what went wrong, sampled); one caught later is cut there."""
+
+    regenerate_tries: int = Field(default=2, ge=0, le=8)
+    """Times a reply caught by `line_filter` before its first words is generated again; when
+    every try is caught, the NPC says a short in-character refusal instead."""
 
     @field_validator("first_phrase_words")
     @classmethod

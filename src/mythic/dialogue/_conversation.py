@@ -37,6 +37,12 @@ def chat_sampling(settings: ChatSettings) -> Sampling:
         top_p=settings.top_p,
         top_k=settings.top_k,
         repeat_penalty=settings.repeat_penalty,
+        dry_multiplier=settings.dry_multiplier,
+        dry_base=settings.dry_base,
+        dry_allowed_length=settings.dry_allowed_length,
+        dry_penalty_last_n=settings.dry_penalty_last_n,
+        dry_sequence_breakers=tuple(settings.dry_sequence_breakers),
+        dry_scope=settings.dry_scope,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from mythic.engine._chat_format import ChatFormat
 from mythic.engine._errors import AdapterError, EngineError
@@ -30,6 +31,23 @@ class Sampling:
     seed: int | None = None
     """None: the engine's configured seed (`engine.seed`), random when that is -1."""
     stop: tuple[str, ...] = field(default_factory=tuple)
+    dry_multiplier: float = 0.0
+    """DRY ("don't repeat yourself"): how hard a token is pushed down when it would extend a
+    stretch of tokens already said (`dry_scope`) or already in the reply (0: off)."""
+    dry_base: float = 1.75
+    """The DRY penalty is `dry_multiplier * dry_base ** (repeat - dry_allowed_length)`: it
+    grows with every further repeated token."""
+    dry_allowed_length: int = 2
+    """Repeats up to this many tokens long go unpenalised (names, set phrases)."""
+    dry_penalty_last_n: int = -1
+    """Tokens DRY looks back over, what `dry_scope` adds included (-1: the whole context
+    window; 0: off)."""
+    dry_scope: Literal["lines", "prompt", "reply"] = "lines"
+    """What DRY counts as already said before the reply: `lines`, the NPC's earlier lines (the
+    assistant messages); `prompt`, the whole prompt (the persona's and the lore's facts too,
+    which the NPC is asked to quote exactly); `reply`, nothing (the reply only)."""
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
+    """Text that ends a repeat: a match never reaches back across one (llama.cpp's default)."""
 
 
 @dataclass(slots=True)
@@ -106,8 +124,13 @@ class Backend(ABC):
         """Raise `GrammarError` when a GBNF grammar does not parse."""
 
     @abstractmethod
-    def make_sampler(self, sampling: Sampling, seed: int, grammar: str | None) -> object:
-        """A sampler chain for one request (penalties, grammar, top-k/p, temperature, seed)."""
+    def make_sampler(
+        self, sampling: Sampling, seed: int, grammar: str | None, *, said: Sequence[int] = ()
+    ) -> object:
+        """A sampler chain for one request (penalties, grammar, top-k/p, temperature, seed).
+
+        `said`: tokens that count as already said before the reply; DRY penalises repeating
+        them as it does repeats within the reply."""
 
     @abstractmethod
     def free_sampler(self, sampler: object) -> None:

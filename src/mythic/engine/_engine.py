@@ -388,6 +388,21 @@ class Engine:
             raise InvalidRequestError("temperature must be 0 (greedy) or more")
         if not 0 < s.top_p <= 1 or s.top_k < 0 or not s.repeat_penalty > 0:
             raise InvalidRequestError("top_p must be in (0, 1], top_k >= 0, repeat_penalty > 0")
+        if not (
+            math.isfinite(s.dry_multiplier)
+            and s.dry_multiplier >= 0
+            and math.isfinite(s.dry_base)
+            and s.dry_base >= 1
+            and s.dry_allowed_length >= 1
+            and s.dry_penalty_last_n >= -1
+            and all(s.dry_sequence_breakers)
+            and s.dry_scope in ("lines", "prompt", "reply")
+        ):
+            raise InvalidRequestError(
+                "DRY needs dry_multiplier >= 0, dry_base >= 1, dry_allowed_length >= 1, "
+                "dry_penalty_last_n >= -1, no empty sequence breaker and a dry_scope of "
+                "lines, prompt or reply"
+            )
         if any(not stop for stop in s.stop):
             raise InvalidRequestError("stop strings must not be empty")
         if request.continue_text and request.messages is None:
@@ -418,7 +433,8 @@ class Engine:
         seed = s.seed if s.seed is not None else self.config.seed
         if seed < 0:
             seed = random.getrandbits(31)
-        sampler = self.backend.make_sampler(s, seed, grammar)
+        said = self._said(request, prompt) if s.dry_multiplier > 0 else []
+        sampler = self.backend.make_sampler(s, seed, grammar, said=said)
         return _Active(
             request=request,
             sink=sink,
@@ -480,6 +496,25 @@ class Engine:
             if tokens[: len(head)] == head:
                 prefix_len = len(head)
         return tokens, prefix_len, tuple(dict.fromkeys((*stops, *fmt.stop_strings)))
+
+    def _said(self, request: GenerationRequest, prompt: list[int]) -> list[int]:
+        """The tokens DRY counts as already said before the reply (`Sampling.dry_scope`)."""
+        scope = request.sampling.dry_scope
+        if scope == "prompt":
+            return prompt
+        tokenize = self.backend.tokenize
+        said: list[int] = []
+        if scope == "lines":
+            # A line break between lines: a breaker, so no repeat runs from one into the next.
+            brk = tokenize("\n", add_special=False, parse_special=False)
+            for message in request.messages or ():
+                if message.role == "assistant":
+                    said += tokenize(message.content, add_special=False, parse_special=False)
+                    said += brk
+        if request.continue_text:
+            # The reply's own start, given in the prompt.
+            said += tokenize(request.continue_text, add_special=False, parse_special=False)
+        return said
 
     def _render(
         self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True

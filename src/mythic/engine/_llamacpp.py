@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,10 @@ IMPORT_BEFORE_CUDA = ("onnxruntime",)
 it, onnxruntime 1.30 segfaulted in its own import (an H200, CUDA 13: the server died at the
 first audio, when the Silero VAD loads); imported before, the same process ran the VAD and the
 voice bench (bench/gpu/README.md). llama-cpp-python loads its libraries with RTLD_GLOBAL."""
+
+DRY_PROTOTYPES = 8
+"""DRY samplers kept built, one per distinct setting, to be cloned per request: building one
+detokenizes the whole vocabulary once per sequence breaker."""
 
 _TOKEN_DATA = [("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]
 """llama.cpp's `llama_token_data`, as a NumPy record."""
@@ -209,6 +214,8 @@ class LlamaCppBackend(Backend):
         """Tokens picked with the grammar checked first; of those, unconstrained picks the
         grammar refused; and tokens for which it then matched the whole vocabulary."""
         self._pieces: dict[int, bytes] = {}
+        self._dry_prototypes: OrderedDict[tuple[object, ...], Any] = OrderedDict()
+        self._dry_lock = threading.Lock()
         self._adapters: dict[str, Any] = {}
         self._adapter_key: AdapterKey = ()
         self._closed = False
@@ -284,7 +291,9 @@ class LlamaCppBackend(Backend):
             )
         return sampler
 
-    def make_sampler(self, sampling: Sampling, seed: int, grammar: str | None) -> object:
+    def make_sampler(
+        self, sampling: Sampling, seed: int, grammar: str | None, *, said: Sequence[int] = ()
+    ) -> object:
         lib = self._lib
         checked = grammar is not None and sampling.temperature <= 0 and self.grammar_check_first
         grammar_sampler = self._grammar_sampler(grammar) if grammar is not None else None
@@ -299,6 +308,9 @@ class LlamaCppBackend(Backend):
                     self.n_vocab, PENALTY_LAST_N, sampling.repeat_penalty, 0.0, 0.0
                 ),
             )
+        if sampling.dry_multiplier > 0 and sampling.dry_penalty_last_n != 0:
+            # After the penalties, before top-k: the order of llama.cpp's own default chain.
+            lib.llama_sampler_chain_add(chain, self._dry_sampler(sampling, said))
         if sampling.temperature <= 0:
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
         else:
@@ -307,6 +319,45 @@ class LlamaCppBackend(Backend):
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(sampling.temperature))
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(seed))
         return _CheckedSampler(chain, grammar_sampler) if checked else chain
+
+    def _dry_sampler(self, sampling: Sampling, said: Sequence[int]) -> Any:
+        """A DRY sampler that has accepted what was said before the reply (`said`'s end).
+
+        llama.cpp's penalty samplers only see the tokens accepted into them; fed the reply
+        alone, DRY would let an NPC say again, word for word, a line of its own from earlier
+        in the conversation. Only DRY is fed them: the repeat penalty keeps to the reply.
+        """
+        lib = self._lib
+        last_n = self.n_ctx_seq if sampling.dry_penalty_last_n < 0 else sampling.dry_penalty_last_n
+        key = (
+            sampling.dry_multiplier,
+            sampling.dry_base,
+            sampling.dry_allowed_length,
+            last_n,
+            sampling.dry_sequence_breakers,
+        )
+        with self._dry_lock:
+            prototype = self._dry_prototypes.get(key)
+            if prototype is None:
+                breakers = [b.encode() for b in sampling.dry_sequence_breakers]
+                texts = (ctypes.c_char_p * max(len(breakers), 1))(*breakers)
+                prototype = lib.llama_sampler_init_dry(
+                    self._vocab,
+                    sampling.dry_multiplier,
+                    sampling.dry_base,
+                    sampling.dry_allowed_length,
+                    last_n,
+                    texts,
+                    len(breakers),
+                )
+                self._dry_prototypes[key] = prototype
+                if len(self._dry_prototypes) > DRY_PROTOTYPES:
+                    lib.llama_sampler_free(self._dry_prototypes.popitem(last=False)[1])
+            self._dry_prototypes.move_to_end(key)
+            dry = lib.llama_sampler_clone(prototype)
+        for token in said[-last_n:]:
+            lib.llama_sampler_accept(dry, token)
+        return dry
 
     def free_sampler(self, sampler: object) -> None:
         if isinstance(sampler, _CheckedSampler):
@@ -530,6 +581,10 @@ class LlamaCppBackend(Backend):
         self._closed = True
         lib = self._lib
         lib.llama_batch_free(self._batch)
+        with self._dry_lock:
+            for prototype in self._dry_prototypes.values():
+                lib.llama_sampler_free(prototype)
+            self._dry_prototypes.clear()
         lib.llama_free(self._ctx)
         for adapter in self._adapters.values():
             lib.llama_adapter_lora_free(adapter)

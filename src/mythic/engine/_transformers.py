@@ -15,7 +15,8 @@ and on a GPU when there is one (`device: auto`); llama.cpp stays the fast CPU ba
 
 Constrained decoding (JSON schema, GBNF) needs llama.cpp's grammar sampler: here such a
 request is refused with `GrammarError` at submit, so route constrained kinds to a llama.cpp
-engine.
+engine. DRY (`Sampling.dry_multiplier`) is llama.cpp's too: here it is ignored, with one
+warning in the log.
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ class TransformersBackend(Backend):
         self._adapters: dict[str, str] = {}
         self._combined: OrderedDict[AdapterKey, str] = OrderedDict()
         self._key: AdapterKey = ()
+        self._dry_ignored = False
+        """Whether a request's DRY setting has been logged as ignored (once per backend)."""
         self._pieces: list[bytes]
         self._eog: frozenset[int]
         if tokenizer is None:  # benchmarks that feed token ids straight to `decode`
@@ -219,9 +222,18 @@ class TransformersBackend(Backend):
             fix="route constrained requests to a llama.cpp engine",
         )
 
-    def make_sampler(self, sampling: Sampling, seed: int, grammar: str | None) -> object:
+    def make_sampler(
+        self, sampling: Sampling, seed: int, grammar: str | None, *, said: Sequence[int] = ()
+    ) -> object:
         if grammar is not None:
             self.check_grammar(grammar)
+        if sampling.dry_multiplier > 0 and not self._dry_ignored:
+            self._dry_ignored = True
+            logger.warning(
+                "%s runs on the transformers backend, which has no DRY sampler: "
+                "dry_multiplier is ignored (set chat.dry_multiplier: 0 to silence this)",
+                self.name,
+            )
         generator = self._torch.Generator(device="cpu")
         generator.manual_seed(seed)
         return _Sampler(sampling, generator)
