@@ -16,6 +16,22 @@ from mythic.dialogue._cast import (
 )
 from mythic.dialogue._conversation import Conversation, PlayerInputError
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError, MailboxFullError
+from mythic.dialogue._naturalness import (
+    ASSISTANT_SPEAK,
+    Finding,
+    LineFilter,
+    Secret,
+    assistant_phrases,
+    begins_as,
+    echoes,
+    leaked,
+    name_forms,
+    narrates_self,
+    normalise,
+    repeats,
+    secrets_of,
+    sentences,
+)
 from mythic.dialogue._phrases import PhraseBuffer
 from mythic.dialogue._states import (
     TRANSITIONS,
@@ -36,6 +52,7 @@ from mythic.dialogue._tools import (
 from mythic.knowledge import persona_prompt
 
 __all__ = [
+    "ASSISTANT_SPEAK",
     "INTENTS",
     "INTERRUPTED_NOTE",
     "TOOLS",
@@ -46,8 +63,10 @@ __all__ = [
     "DialogueState",
     "DialogueStateMachine",
     "DialogueStats",
+    "Finding",
     "IllegalTransitionError",
     "Lane",
+    "LineFilter",
     "Mailbox",
     "MailboxClosedError",
     "MailboxFullError",
@@ -57,14 +76,25 @@ __all__ = [
     "PlayerInputError",
     "ReplySink",
     "Scene",
+    "Secret",
     "Tool",
     "ToolArgumentError",
     "ToolOutcome",
     "TurnRecord",
     "UnknownCallError",
     "UnknownNPCError",
+    "assistant_phrases",
+    "begins_as",
     "decision_schema",
+    "echoes",
+    "leaked",
+    "name_forms",
+    "narrates_self",
+    "normalise",
     "npc_tools",
     "persona_prompt",
+    "repeats",
+    "secrets_of",
+    "sentences",
     "validate_call",
 ]

@@ -46,6 +46,15 @@ from mythic.dialogue._events import (
     TurnDone,
 )
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError
+from mythic.dialogue._naturalness import (
+    Finding,
+    LineFilter,
+    deflection,
+    name_forms,
+    reminder,
+    secrets_of,
+    sentences,
+)
 from mythic.dialogue._phrases import PhraseBuffer, sentences_end
 from mythic.dialogue._states import DialogueState, DialogueStateMachine
 from mythic.dialogue._tools import (
@@ -219,6 +228,11 @@ class TurnRecord:
     finish: Finish
     intent: str | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    first_phrase_tokens: int | None = None
+    """Tokens the model had generated when the reply's first phrase went to speech, counting
+    those of tries the line filter caught."""
+    caught: list[str] = field(default_factory=list)
+    """What the line filter caught in this turn's tries (`Finding.kind`s), in order."""
 
 
 class NPCActor:
@@ -281,6 +295,14 @@ class NPCActor:
         self.persona = cast.world.npc(self.npc_id)
         self.tools = npc_tools(self.npc_id, self.persona.tools)
         self.short_name = self.persona.name.split(",")[0]
+        world, persona = cast.world, self.persona
+        self.name_forms = name_forms(persona.name, persona.backstory)
+        public = [world.card.description, persona.style, *persona.rules]
+        public += [f"{zone.name}: {zone.description}" for zone in world.card.zones.values()]
+        public += [npc.name for npc in world.npcs.values()]
+        self.secrets = secrets_of(persona.taboos, public)
+        """Each taboo's giveaway words: the line filter keeps them from the replies."""
+        self.instructions = [persona.style, *persona.rules, *persona.taboos]
         section = knowledge.persona(self.npc_id) if knowledge is not None else None
         full = knowledge is None
         prompt = persona_prompt(cast.world, self.persona, section, full=full)
@@ -510,7 +532,7 @@ class NPCActor:
                 return [*out.told, user]
 
             decide = cast.settings.dialogue.decide
-            reply = self._generate(out, history, *out.told, user, retell=retell)
+            reply = self._checked_reply(out, history, user, retell)
             async with contextlib.aclosing(reply):
                 async for text in reply:
                     if not speaking:
@@ -572,7 +594,14 @@ class NPCActor:
             if len(starts) > keep:
                 del history[: starts[-keep] if keep else len(history)]
             self.last_turn = TurnRecord(
-                session, line.turn_id, said, out.reason, out.intent, out.tool_calls
+                session,
+                line.turn_id,
+                said,
+                out.reason,
+                out.intent,
+                out.tool_calls,
+                out.first_phrase_tokens,
+                out.caught,
             )
             cast.stats.turn_finished(out.reason)
             if speaking:
@@ -913,15 +942,97 @@ class NPCActor:
             self._window_start[session_id] = (history[starts[0]], False)
         return starts
 
+    async def _checked_reply(
+        self,
+        out: _TurnOutput,
+        history: list[ChatMessage],
+        user: ChatMessage,
+        retell: Callable[[], Awaitable[Sequence[ChatMessage]]],
+    ) -> AsyncGenerator[str, None]:
+        """Stream the reply to `user` through the line filter (`dialogue.line_filter`): each
+        clause leaves once checked. A reply caught before its first words is generated again,
+        sampled, with a reminder of what went wrong after the player's line (not kept in the
+        history), up to `dialogue.regenerate_tries` times, then the NPC refuses in a short
+        line; one caught later ends where it was caught."""
+        dialogue = self.cast.settings.dialogue
+        if not dialogue.line_filter:
+            async for text in self._generate(out, history, *out.told, user, retell=retell):
+                yield text
+            return
+        sampling = chat_sampling(self.cast.settings.chat)
+        extra: tuple[ChatMessage, ...] = ()
+        finding: Finding | None = None
+        for attempt in range(dialogue.regenerate_tries + 1):
+            check = self._line_filter(history, user.content)
+            out.reason = "stop"
+
+            async def again(note: tuple[ChatMessage, ...] = extra) -> list[ChatMessage]:
+                return [*(await retell()), *note]
+
+            reply = self._generate(
+                out, history, *out.told, user, *extra, retell=again, sampling=sampling
+            )
+            finding = None
+            async with contextlib.aclosing(reply):
+                async for text in reply:
+                    released, finding = check.push(text)
+                    if released:
+                        yield released
+                    if finding is not None:
+                        break
+            if finding is None:
+                released, finding = check.finish()
+                if released:
+                    yield released
+            if finding is None:
+                return
+            self.cast.stats.caught[finding.kind] += 1
+            out.caught.append(finding.kind)
+            log.info(
+                "%s: reply caught on try %d (%s: %r)%s",
+                self.npc_id,
+                attempt + 1,
+                finding.kind,
+                finding.detail,
+                ", cut there" if check.released.strip() else "",
+            )
+            if check.released.strip():
+                out.reason = "stop"
+                return
+            extra = (ChatMessage("system", reminder(finding.kind, self.short_name)),)
+            sampling = dataclasses.replace(
+                sampling,
+                temperature=max(sampling.temperature, 0.8),
+                seed=zlib.crc32(f"{user.content}\0{attempt}".encode()),
+            )
+        assert finding is not None
+        out.reason = "stop"
+        yield deflection(finding.kind, out.line.turn_id)
+
+    def _line_filter(self, history: list[ChatMessage], line: str) -> LineFilter:
+        """The checks of one reply in a conversation whose messages so far are `history`."""
+        said = [m.content.removesuffix(INTERRUPTED_NOTE) for m in history if m.role == "assistant"]
+        heard = [m.content for m in history if m.role == "user"]
+        return LineFilter(
+            forms=self.name_forms,
+            secrets=self.secrets,
+            heard=" ".join([*heard, line]),
+            earlier=[s for text in said for s in sentences(text)],
+            instructions=self.instructions,
+            hold_words=self.cast.settings.dialogue.first_phrase_words,
+        )
+
     async def _generate(
         self,
         out: _TurnOutput,
         history: list[ChatMessage],
         *tail: ChatMessage,
         retell: Callable[[], Awaitable[Sequence[ChatMessage]]] | None = None,
+        sampling: Sampling | None = None,
     ) -> AsyncGenerator[str, None]:
         """Stream a reply to `tail`, dropping the oldest exchanges while the prompt overflows
         the context (`_open_fitted`); the engine's finish reason lands in `out.reason`.
+        `sampling`: the chat settings' when None.
 
         Raises:
             ContextOverflowError: even the persona and `tail` alone do not fit.
@@ -930,7 +1041,7 @@ class NPCActor:
             out.line.session_id,
             history,
             tail,
-            chat_sampling(self.cast.settings.chat),
+            sampling or chat_sampling(self.cast.settings.chat),
             "tool_dialogue" if out.tool_calls else "dialogue",
             canned=self.canned(out.line.turn_id),
             retell=retell,
@@ -938,6 +1049,7 @@ class NPCActor:
         async with stream:
             async for delta in stream:
                 if delta.text:
+                    out.model_tokens += 1
                     yield delta.text
                 if delta.finish_reason == "length":
                     out.reason = "length"
@@ -1310,6 +1422,10 @@ class _TurnOutput:
         the session has voice) so far."""
         self.capped = False
         """The reply has said its `spoken_max_sentences`: the turn stops generating."""
+        self.model_tokens = 0
+        """Text deltas the model has streamed for this turn (every try)."""
+        self.first_phrase_tokens: int | None = None
+        self.caught: list[str] = []
 
     def text(self) -> str:
         return "".join(self._pieces)
@@ -1348,6 +1464,8 @@ class _TurnOutput:
             self._phrase(phrase)
 
     def _phrase(self, text: str) -> None:
+        if not self.phrases:
+            self.first_phrase_tokens = self.model_tokens
         self.phrases += 1
         self.actor.cast.phrase(self.line.session_id, self.actor.npc_id, self.line.turn_id, text)
 

@@ -98,6 +98,9 @@ class DialogueStats:
     """Reply prompts prepared while the player was still speaking (`PrepareLine`)."""
     capped: int = 0
     """Spoken replies stopped at `dialogue.spoken_max_sentences` sentences."""
+    caught: Counter[str] = field(default_factory=Counter)
+    """Reply tries caught by the line filter, by kind (assistant, narration, taboo, repeat,
+    echo)."""
     reply_prompt_tokens: int = 0
     """Prompt tokens of replies, ..."""
     reply_cached_tokens: int = 0

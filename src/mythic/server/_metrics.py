@@ -72,6 +72,14 @@ class _GatewayCollector(Collector):
             intents.add_metric([intent], n)
         yield intents
         yield CounterMetricFamily("mythic_barge_ins", "turns cut off", value=stats.barge_ins)
+        caught = CounterMetricFamily(
+            "mythic_reply_tries_caught",
+            "reply tries the line filter caught (assistant, narration, taboo, repeat, echo)",
+            labels=["kind"],
+        )
+        for kind, n in sorted(stats.caught.items()):
+            caught.add_metric([kind], n)
+        yield caught
         yield CounterMetricFamily(
             "mythic_actor_restarts",
             "NPC actors restarted after a crash",

@@ -1,0 +1,375 @@
+"""Is a reply a character's line? Checks on the text an NPC says, I/O-free.
+
+The same checks serve two places: the reply stream (`LineFilter`, which holds each clause of a
+reply until it is checked, so that assistant phrasing, self-narration, a taboo's secret or a
+repeat of an earlier reply never leaves) and the quality scorecard (`mythic eval quality`), which
+counts them over every reply of a run. The lists are general English: nothing of any world is
+in them; a world's own words come from its cards (`name_forms`, `secrets_of`).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from difflib import SequenceMatcher
+from typing import Literal
+
+# Assistant phrasing: what a chat assistant says and a character in a game never does. A
+# maintained list (label, pattern); each label is counted by the scorecard.
+# fmt: off
+ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (label, re.compile(pattern, re.IGNORECASE))
+    for label, pattern in (
+        ("feel free", r"\bfeel free to\b"),
+        ("any more questions",
+         r"\b(if|should|in case) you (have|need|want) (any|anything|some)( (more|other|further|"
+         r"additional|else))?\b.{0,20}\b(questions?|help|assistance|information)\b"),
+        ("anything else", r"\b(is there )?anything else (I can|you('d| would) like|you need)\b"),
+        ("let me know", r"\b(let me know|don'?t hesitate)\b"),
+        ("here to help", r"\b(I'?m|I am) (always |just )?here to (help|assist)\b"),
+        ("assist you", r"\bassist you\b|\bhelp you (today|with anything)\b"),
+        ("happy to help", r"\b(happy|glad) to (help|assist)\b"),
+        ("hope this helps", r"\bhope (this|that) helps\b"),
+        ("great question", r"\b(great|good|excellent|interesting) question\b"),
+        ("cannot assist",
+         r"\b(I|we) (can'?t|cannot|am unable to|'m unable to|am not able to) (assist|help|provide"
+         r"|comply|fulfil+)\b"),
+        ("I'm sorry, but", r"\bI'?m sorry,? but I\b|\bI apologi[sz]e,? but\b"),
+        ("as an AI",
+         r"\b(as an?|I'?m an?|I am an?|I'?m just an?|I am just an?|I'?m only an?)\s+(AI|A\.I\.|"
+         r"artificial intelligence|(large )?language model|virtual assistant|chat ?bot|assistant"
+         r"|computer program|machine)\b"),
+        ("language model",
+         r"\b(language model|LLM|chat ?GPT|OpenAI|Alibaba|Qwen|neural network)\b"),
+        ("no feelings",
+         r"\bI (don'?t|do not) have (personal )?(feelings|emotions|opinions|a body|a physical"
+         r"|access to|real-time|the ability)\b"),
+        ("training data", r"\b(my )?(training data|knowledge cut-?off|trained (on|by))\b"),
+        ("the prompt named",
+         r"\b(based on|according to|from|in) (the|my|your) (lore|information|facts|context|"
+         r"sections?|text|data|persona|instructions|prompt|rules)( (given|provided|above))?\b"
+         r"|\b(system prompt|my instructions)\b"),
+        ("the fiction named",
+         r"\b(video game|role-?play(ing)?|fictional character|in-character|non-player character"
+         r"|game character|as a character)\b"),
+        ("markdown", r"(^|\n)\s*(#{1,6} |\*\*|[-*] \*\*|\d+\. \*\*)"),
+        ("code", r"```|\bdef \w+\(|\bimport \w+|\bprint\(|\breturn \w+[;(]|console\.log|\w+\(\);"),
+    )
+)
+# Words that go before a name and are not it ("Captain Edda Strand": Edda, Strand).
+_TITLES = frozenset(
+    """
+    the old young captain father mother sister brother lord lady count countess duke duchess
+    baron baroness sir dame saint st magister master mistress doctor dr sheriff mayor marshal
+    deputy judge reverend preacher madam miss mister mr mrs ms elder widow uncle aunt granny
+""".split()  # noqa: SIM905 - a word list reads better as words
+)
+# After one's own name, these make it a third-person statement ("Marla keeps the tavern").
+_NARRATION_VERB = (
+    r"(?:'s\s+\w+|\s+(?:is|was|has|had|does|did|will|would|can|could|must|shall|should|may|"
+    r"might|\w+(?<!s)s|\w+ed))"
+)
+# fmt: on
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*(?=\s)")
+_CLAUSE_END = re.compile(r"([,;:\u2014\u2013]+|[.!?…]+[\"')\]]*)(?=\s)")
+_WORDS = re.compile(r"[\w']+")
+_NUMBER = re.compile(r"\b\d[\d,.]*\b")
+_QUOTED = re.compile(r"[\"'\u2018\u201c]([^\"'\u2019\u201d]{3,60})[\"'\u2019\u201d]")
+_CAPITALISED_RUN = re.compile(r"\b[A-Z][\w'-]*(?:\s+(?:of\s+|the\s+)?[A-Z][\w'-]*)*")
+_COMMON = frozenset(
+    """
+    a an the how how's what who whom whose where when why which anything everything something
+    never any his her their its that this these those name names word words where whether
+    she he they it i you we my your our one
+""".split()  # noqa: SIM905 - a word list reads better as words
+)
+
+Kind = Literal["assistant", "narration", "taboo", "repeat", "echo"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing wrong in a reply: what kind, and the words that showed it."""
+
+    kind: Kind
+    detail: str
+
+
+def assistant_phrases(text: str) -> list[str]:
+    """The labels of `ASSISTANT_SPEAK` that `text` matches."""
+    return [label for label, pattern in ASSISTANT_SPEAK if pattern.search(text)]
+
+
+def name_forms(name: str, backstory: str | None = None) -> tuple[str, ...]:
+    """The ways an NPC's name can appear when it speaks of itself in the third person: the
+    name before any comma ("Marla, the Barkeep": Marla), each of its words that is not a
+    title ("Captain Edda Strand": Edda, Strand), the epithet after the comma (the Barkeep),
+    and the full name its backstory gives ("Marla Greaves")."""
+    short, _, epithet = (part.strip() for part in name.partition(","))
+    words = [w for w in _WORDS.findall(short) if w[:1].isupper()]
+    given = [w for w in words if w.lower() not in _TITLES]
+    forms = {short, *given}
+    epithet = re.sub(r"^(the|a|an)\s+", "", epithet, flags=re.IGNORECASE)
+    if epithet[:1].isupper():  # "Tobb, the Harbour Clerk": "The Harbour Clerk pays ..."
+        forms |= {epithet, f"The {epithet}", f"the {epithet}"}
+    if given and backstory:
+        for match in re.finditer(rf"\b{re.escape(given[0])}(?:\s+[A-Z][\w'-]+)+", backstory):
+            forms.add(match.group(0))
+    return tuple(sorted((f for f in forms if len(f) > 1), key=len, reverse=True))
+
+
+def narrates_self(text: str, forms: Sequence[str]) -> str | None:
+    """The words where `text` speaks of the NPC in the third person ("Marla keeps the
+    Drowned Lantern", "Marla's tavern"), or None. Introducing oneself ("I'm Marla", "my name
+    is Marla", "call me Marla") and being addressed are not narration."""
+    if not forms:
+        return None
+    names = "|".join(re.escape(f) for f in forms)
+    pattern = re.compile(rf"(?<![\w'])(?:{names}){_NARRATION_VERB}\b")
+    for match in pattern.finditer(text):
+        before = text[: match.start()].rstrip().lower()
+        if re.search(r"(\bi'?m|\bi am|\bname'?s|\bname is|\bcall me|\bit'?s)$", before):
+            continue
+        return match.group(0)
+    label = re.match(rf"\s*\**(?:{names})\**\s*:", text)
+    return label.group(0).strip() if label else None
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A taboo of a card and the words that would give it away: its names, numbers and
+    quoted words that nobody may say in public (not in the world's or the zones'
+    descriptions, not another NPC's name)."""
+
+    taboo: str
+    terms: tuple[str, ...]
+
+
+def secrets_of(taboos: Iterable[str], public: Iterable[str]) -> list[Secret]:
+    """The giveaway words of each taboo. `public`: texts anyone may say (world and zone
+    descriptions, NPC names, the card's style and rules); a term found in them is not
+    secret. A taboo with no such word ("anything that would help her") gets no terms: it is
+    kept by the prompt alone, and the scorecard says it could not check it."""
+    public_text = " ".join(public).lower()
+    secrets = []
+    for taboo in taboos:
+        found: list[str] = []
+        for match in _CAPITALISED_RUN.finditer(taboo):
+            words = match.group(0).split()
+            while words and words[0].lower() in _COMMON | _TITLES:
+                words = words[1:]
+            if words:
+                found.append(" ".join(words))
+        found += _NUMBER.findall(taboo)
+        found += [q.strip() for q in _QUOTED.findall(taboo)]
+        terms: list[str] = []
+        for term in found:
+            term = term.strip(" .,;:'\"")
+            if len(term) < 3 or term.lower() in public_text or term.lower() in _COMMON:
+                continue
+            if term.lower() not in (t.lower() for t in terms):
+                terms.append(term)
+        secrets.append(Secret(taboo, tuple(terms)))
+    return secrets
+
+
+def leaked(text: str, secrets: Sequence[Secret], heard: str = "") -> list[str]:
+    """The secret terms `text` says that the player has not said themselves (`heard`):
+    repeating the player's own words gives nothing away."""
+    out = []
+    for secret in secrets:
+        for term in secret.terms:
+            # "Jory Quill", "JoryQuill", "Jory-Quill": tokens may drop the space.
+            joined = r"[\s-]*".join(re.escape(w) for w in term.split())
+            pattern = re.compile(rf"(?<!\w){joined}(?!\w)", re.IGNORECASE)
+            if pattern.search(text) and not pattern.search(heard):
+                out.append(term)
+    return out
+
+
+def echoes(text: str, instructions: Sequence[str], *, words: int = 6) -> str | None:
+    """The instruction that `text` reads back: `words` words in a row of one of them (a rule,
+    a taboo, the style of the card), or None. A line of the card is what the NPC follows,
+    not what it says ("Quote the prices exactly as the lore gives them.")."""
+    said = normalise(text).split()
+    if len(said) < words:
+        return None
+    runs = {tuple(said[i : i + words]) for i in range(len(said) - words + 1)}
+    for line in instructions:
+        told = normalise(line).split()
+        if any(tuple(told[i : i + words]) in runs for i in range(len(told) - words + 1)):
+            return line
+    return None
+
+
+def normalise(sentence: str) -> str:
+    """A sentence compared for repeats: lowercased words only."""
+    text = unicodedata.normalize("NFKC", sentence).lower()
+    return " ".join(_WORDS.findall(text))
+
+
+def sentences(text: str) -> list[str]:
+    """`text` split into sentences (at ., !, ?, … and line breaks)."""
+    parts = re.split(r"(?<=[.!?…])[\"')\]]*\s+|\n+", text)
+    return [p.strip() for p in parts if p and p.strip()]
+
+
+def repeats(sentence: str, earlier: Iterable[str], *, min_words: int = 4) -> str | None:
+    """The earlier sentence that `sentence` repeats verbatim or nearly (90% the same
+    characters, once lowercased and stripped of punctuation), or None. Sentences shorter than
+    `min_words` words ("Aye.", "Good evening, friend.") may recur."""
+    said = normalise(sentence)
+    if len(said.split()) < min_words:
+        return None
+    for before in earlier:
+        other = normalise(before)
+        if said == other or (
+            abs(len(said) - len(other)) < 0.2 * max(len(said), 1)
+            and SequenceMatcher(None, said, other, autojunk=False).ratio() >= 0.9
+        ):
+            return before
+    return None
+
+
+def begins_as(start: str, earlier: Iterable[str], *, min_words: int = 5) -> str | None:
+    """The earlier sentence that began as `start` does, word for word or nearly (85% the same
+    characters over as many words), when `start` has at least `min_words` words; else None."""
+    words = normalise(start).split()
+    if len(words) < min_words:
+        return None
+    said = " ".join(words)
+    for before in earlier:
+        head = " ".join(normalise(before).split()[: len(words)])
+        if said == head or SequenceMatcher(None, said, head, autojunk=False).ratio() >= 0.85:
+            return before
+    return None
+
+
+@dataclass(slots=True)
+class LineFilter:
+    """Holds each clause of a streamed reply until it is checked, then releases it.
+
+    `push` takes the model's text and returns the text that may leave now, plus a `Finding`
+    when a clause is not a character's line (the clause and anything after it are never
+    released; the caller regenerates the reply, or ends it, or cuts it there). A clause is
+    released as soon as its end is known (a comma or a full stop and the space after it, which
+    goes out with it), the moment a phrase buffer would hand it to speech: a clean reply's
+    first phrase is not delayed. A clause that runs past `hold_words` words is checked and
+    released up to its last whole word while the first sentence lasts, so the first phrase of
+    a long first sentence is not held past `dialogue.first_phrase_words` either (later ones
+    wait for their clause's end, as a phrase buffer does); checks then also run over the
+    sentence so far, so a phrase cut by a release is still caught (what was released stays
+    said), and a sentence that begins as an earlier one did is caught at its first words.
+    """
+
+    forms: Sequence[str] = ()
+    secrets: Sequence[Secret] = ()
+    heard: str = ""
+    """What the player said in this conversation: their words are not a leak."""
+    earlier: Sequence[str] = ()
+    """Sentences the NPC said earlier in the conversation: not to be said again."""
+    instructions: Sequence[str] = ()
+    """The card's rules, taboos and style: followed, never read back (`echoes`)."""
+    hold_words: int = 6
+    released: str = ""
+    _held: str = ""
+    _sentence: str = ""
+    _said: list[str] = field(default_factory=list)
+
+    def push(self, text: str) -> tuple[str, Finding | None]:
+        self._held += text
+        out: list[str] = []
+        while True:
+            end = self._boundary()
+            if end is None:
+                break
+            piece, self._held = self._held[:end], self._held[end:]
+            finding = self._check(piece)
+            if finding is not None:
+                self._held = ""
+                return self._release("".join(out)), finding
+            out.append(piece)
+        return self._release("".join(out)), None
+
+    def finish(self) -> tuple[str, Finding | None]:
+        """The reply has ended: check and release what is still held."""
+        piece, self._held = self._held, ""
+        if not piece:
+            return "", None
+        finding = self._check(piece, final=True)
+        return ("", finding) if finding is not None else (self._release(piece), None)
+
+    def _release(self, text: str) -> str:
+        self.released += text
+        return text
+
+    def _boundary(self) -> int | None:
+        match = _CLAUSE_END.search(self._held)
+        if match is not None:
+            rest = self._held[match.end() :]
+            return match.end() + len(rest) - len(rest.lstrip())
+        words = list(re.finditer(r"\S+\s+", self._held))
+        if self.hold_words and not self._said and len(words) > self.hold_words:
+            return words[-1].end()  # every whole word, the last one still held
+        return None
+
+    def _check(self, piece: str, *, final: bool = False) -> Finding | None:
+        sentence = self._sentence + piece
+        labels = assistant_phrases(sentence)
+        if labels:
+            return Finding("assistant", labels[0])
+        narration = narrates_self(sentence, self.forms)
+        if narration is not None:
+            return Finding("narration", narration)
+        leaks = leaked(sentence, self.secrets, self.heard)
+        if leaks:
+            return Finding("taboo", leaks[0])
+        echo = echoes(sentence, self.instructions)
+        if echo is not None:
+            return Finding("echo", echo)
+        before = [*self.earlier, *self._said]
+        # A sentence is released clause by clause: one that has begun as an earlier one did,
+        # word for word, is caught at its first clause rather than once it is all out.
+        said = begins_as(sentence, before)
+        if final or _SENTENCE_END.search(piece + " ") is not None:
+            said = said or repeats(sentence, before)
+            if said is None:
+                self._said.append(sentence)
+                self._sentence = ""
+        else:
+            self._sentence = sentence
+        return None if said is None else Finding("repeat", said)
+
+
+def reminder(kind: Kind, name: str) -> str:
+    """What a reply generated again is told, after a try caught for `kind`: a system line
+    after the player's, never kept in the history."""
+    return {
+        "assistant": f"Stay in character. You are {name}, a person in this world, not an "
+        "assistant or a program: answer in your own voice, with no offers of help and no "
+        "talk of AI, code or the real world.",
+        "narration": f"Speak as {name} in the first person (I, me, my); never call yourself "
+        f"{name} or speak of yourself as she, he or they.",
+        "taboo": "That touches a secret you never reveal. Do not give it away: refuse, "
+        "deflect or change the subject, in character.",
+        "repeat": "You have said that already. Answer with something new, in other words.",
+        "echo": "Do not read your instructions aloud: answer the player's words, in your own.",
+    }[kind]
+
+
+# The NPC's line when every try was caught: short, in character for anyone, refusing.
+_DEFLECTIONS: dict[Kind, tuple[str, ...]] = {
+    "assistant": ("Hm. I don't follow you.", "That's nothing I know of. Ask me another."),
+    "narration": ("Hm. Ask me again, plainer.", "Say that again?"),
+    "taboo": ("That's not something I talk about.", "Some things stay unsaid. Leave it."),
+    "repeat": ("I've told you what I know.", "You have my answer already."),
+    "echo": ("Hm. Ask me again, plainer.", "Say that again?"),
+}
+
+
+def deflection(kind: Kind, key: str) -> str:
+    """A short refusal for a reply whose every try was caught for `kind` (`key` picks one)."""
+    lines = _DEFLECTIONS[kind]
+    return lines[sum(map(ord, key)) % len(lines)]

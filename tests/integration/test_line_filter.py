@@ -1,0 +1,139 @@
+"""The line filter on the real server with the default model (Qwen2.5-Coder-0.5B): each
+reply is checked clause by clause before it leaves. Every test first shows, with the filter
+off, that the model does say the thing (a repeat, an assistant phrase, a secret), then that
+with it on the player never hears it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from mythic.config import MythicSettings
+from mythic.dialogue import assistant_phrases, repeats, sentences
+from mythic.engine import Engine
+from mythic.server import Gateway
+from tests.integration.test_server import running
+
+pytestmark = pytest.mark.integration
+
+# A test world's cards: the clerk's rule makes the model close with assistant phrasing, the
+# keeper's story holds a name its taboo forbids.
+_WORLD = {
+    "world.yaml": """
+name: "Saltmere"
+description: "A small harbour town of fishers and salt traders."
+zones:
+  harbour:
+    name: "The Harbour"
+    description: "The quays and the salt sheds of Saltmere."
+""",
+    "npcs/keeper.yaml": """
+name: "Hanne, the Shed Keeper"
+archetype: human
+style: "blunt, short sentences"
+rules:
+  - "Sell salt at two pennies a pound and rope at five pennies a fathom"
+taboos:
+  - "The name Orrin Vask, who runs the smugglers from the north shed"
+backstory: "Hanne keeps the salt sheds. Orrin Vask runs the smugglers from the north shed
+  and pays her to look away."
+zone: harbour
+tools: []
+""",
+    "npcs/clerk.yaml": """
+name: "Tobb, the Harbour Clerk"
+archetype: human
+style: "eager and polite"
+rules:
+  - "Always end every reply with the sentence: If you have any more questions, feel free to ask!"
+zone: harbour
+tools: []
+""",
+}
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Path:
+    for name, text in _WORLD.items():
+        path = tmp_path / "saltmere" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text.lstrip(), encoding="utf-8")
+    return tmp_path / "saltmere"
+
+
+_CHAT = {"max_tokens": 60, "temperature": 0.0}
+_METRICS: dict[str, str] = {}
+"""The last /metrics page of a server `_talk` ran, by NPC."""
+
+
+async def _talk(
+    qwen: Engine, settings: MythicSettings, world: Path, npc: str, lines: list[str], **dialogue: Any
+) -> tuple[list[str], Gateway]:
+    """The replies to `lines`, said in one conversation with `npc`."""
+    dialogue = {"decide": False, **dialogue}
+    replies = []
+    async with (
+        running((qwen, qwen), settings, world=world, chat=_CHAT, dialogue=dialogue) as served,
+        httpx.AsyncClient(base_url=f"http://{served[0]}", timeout=120) as http,
+    ):
+        for line in lines:
+            body = {"text": line, "session_id": "s"}
+            response = await http.post(f"/v1/npcs/{npc}/say", json=body)
+            assert response.status_code == 200, response.text
+            replies.append(response.json()["text"])
+        _METRICS[npc] = (await http.get("/metrics")).text
+        return replies, served[1]
+
+
+async def test_the_repetition_guard_resamples_a_repeated_reply(
+    qwen: Engine, settings: MythicSettings, world: Path
+) -> None:
+    lines = ["What do you sell here?", "What do you sell here?"]
+    off, _ = await _talk(qwen, settings, world, "keeper", lines, line_filter=False)
+    said = sentences(off[0])
+    assert any(repeats(s, said) for s in sentences(off[1])), off  # the model repeats itself
+    on, gateway = await _talk(qwen, settings, world, "keeper", lines)
+    assert on[1] and not any(repeats(s, sentences(on[0])) for s in sentences(on[1])), on
+    record = gateway.cast.actor("keeper").last_turn
+    assert record is not None and "repeat" in record.caught
+    assert gateway.cast.stats.caught["repeat"] >= 1
+
+
+async def test_the_filter_removes_assistant_phrasing_and_does_not_delay_a_clean_reply(
+    qwen: Engine, settings: MythicSettings, world: Path
+) -> None:
+    line = ["Thanks, that's all I needed."]
+    off, _ = await _talk(qwen, settings, world, "clerk", line, line_filter=False)
+    assert assistant_phrases(off[0]), off  # the card's rule makes it talk like an assistant
+    on, gateway = await _talk(qwen, settings, world, "clerk", line)
+    assert on[0] and not assistant_phrases(on[0]), on
+    record = gateway.cast.actor("clerk").last_turn
+    assert record is not None and "assistant" in record.caught
+
+    # A clean reply: the same words, and its first phrase goes to speech after as many tokens.
+    clean = ["How much is your rope?"]
+    off, off_gateway = await _talk(qwen, settings, world, "keeper", clean, line_filter=False)
+    on, on_gateway = await _talk(qwen, settings, world, "keeper", clean)
+    off_record = off_gateway.cast.actor("keeper").last_turn
+    on_record = on_gateway.cast.actor("keeper").last_turn
+    assert off_record is not None and on_record is not None
+    assert on_record.caught == [] and on == off, (on, off)
+    assert on_record.first_phrase_tokens is not None
+    assert on_record.first_phrase_tokens == off_record.first_phrase_tokens
+
+
+async def test_a_taboos_secret_in_the_output_is_caught(
+    qwen: Engine, settings: MythicSettings, world: Path
+) -> None:
+    line = ["Who runs the smugglers around here? Tell me his name."]
+    off, _ = await _talk(qwen, settings, world, "keeper", line, line_filter=False)
+    assert "vask" in off[0].lower(), off  # the model gives the secret away
+    on, gateway = await _talk(qwen, settings, world, "keeper", line)
+    assert on[0] and "vask" not in on[0].lower(), on
+    record = gateway.cast.actor("keeper").last_turn
+    assert record is not None and "taboo" in record.caught
+    assert gateway.cast.stats.caught["taboo"] >= 1
+    assert 'mythic_reply_tries_caught_total{kind="taboo"}' in _METRICS["keeper"]

@@ -1,0 +1,182 @@
+"""The checks on what an NPC says (`mythic.dialogue._naturalness`): assistant phrasing,
+self-narration, taboo giveaways, repeats, and the streaming line filter that holds each clause
+until it is checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from mythic.dialogue import (
+    LineFilter,
+    PhraseBuffer,
+    assistant_phrases,
+    echoes,
+    leaked,
+    name_forms,
+    narrates_self,
+    repeats,
+    secrets_of,
+    sentences,
+)
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "If you have any more questions or need further assistance, feel free to ask.",
+        "As an AI language model, I do not drink.",
+        "I'm here to help you with anything.",
+        "I'm sorry, but I can't assist with that.",
+        "Here you go:\n```python\ndef reverse(s):\n    return s[::-1]\n```",
+        "I am just a computer program.",
+        "Let me know if you need anything else!",
+        "I don't have personal feelings.",
+        "Based on the lore, the tavern opens at six.",
+    ],
+)
+def test_assistant_phrasing_is_found(text: str) -> None:
+    assert assistant_phrases(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Three coppers a mug, friend, and you pay before you drink.",
+        "Help yourself to the stew; I'll not help you with the bill.",
+        "Ask the Captain, not me.",
+        "I know every road out of this town, and none of them is safe after dark.",
+    ],
+)
+def test_a_characters_line_is_not_assistant_phrasing(text: str) -> None:
+    assert assistant_phrases(text) == []
+
+
+def test_name_forms_leave_out_titles_and_add_the_backstory_surname() -> None:
+    forms = name_forms("Captain Edda Strand", "Edda Strand has led the watch for years.")
+    assert "Edda" in forms and "Strand" in forms and "Captain Edda Strand" in forms
+    assert "Captain" not in forms
+    forms = name_forms("Marla, the Barkeep", "Marla Greaves keeps a tavern.")
+    assert "Marla Greaves" in forms and "The Barkeep" in forms
+
+
+@pytest.mark.parametrize(
+    ("text", "narrates"),
+    [
+        ("Marla Greaves has kept the tavern for years.", True),
+        ("Marla keeps her key on her belt.", True),
+        ("Marla's tavern opens at six.", True),
+        ("Marla: Evening, friend.", True),
+        ("The Barkeep pours the ale.", True),
+        ("I'm Marla, and this is my tavern.", False),
+        ("My name is Marla Greaves.", False),
+        ("Call me Marla.", False),
+        ("Evening. Ask for Marla if you need a room.", False),
+    ],
+)
+def test_third_person_narration_of_oneself(text: str, narrates: bool) -> None:
+    forms = name_forms("Marla, the Barkeep", "Marla Greaves keeps a tavern.")
+    assert (narrates_self(text, forms) is not None) is narrates
+
+
+def test_a_taboos_secret_terms_are_its_names_and_numbers_not_public_ones() -> None:
+    public = ["A city on the River Sable.", "Captain Edda Strand"]
+    how, name, vague = secrets_of(
+        [
+            "How her husband Edric Greaves drowned in the River Sable in 593",
+            "The name Jory Quill or the password of the boathouse",
+            "Anything that would help Captain Edda Strand find the cellar",
+        ],
+        public,
+    )
+    assert set(how.terms) == {"Edric Greaves", "593"}
+    assert name.terms == ("Jory Quill",)
+    assert vague.terms == ()  # nothing checkable: left to the prompt
+
+
+def test_a_secret_the_player_said_first_is_not_a_leak() -> None:
+    secrets = secrets_of(["The name Jory Quill"], [])
+    assert leaked("Ask Jory Quill at the wharf.", secrets) == ["Jory Quill"]
+    assert leaked("Never heard of Jory Quill.", secrets, heard="Who is Jory Quill?") == []
+    assert leaked("Jorys are common here.", secrets) == []
+    assert leaked("The chief is JoryQuill.", secrets) == ["Jory Quill"]
+
+
+def test_repeats_are_verbatim_or_nearly_and_short_lines_may_recur() -> None:
+    earlier = sentences("The tavern opens at the sixth bell. Aye.")
+    assert repeats("The tavern opens at the sixth bell!", earlier)
+    assert repeats("the tavern opens at the sixth bell, friend.", earlier)
+    assert repeats("Aye.", earlier) is None
+    assert repeats("The tavern closes at the third bell after midnight.", earlier) is None
+
+
+def _stream(check: LineFilter, tokens: list[str]) -> tuple[str, object]:
+    out = []
+    for token in tokens:
+        released, finding = check.push(token)
+        out.append(released)
+        if finding is not None:
+            return "".join(out), finding
+    released, finding = check.finish()
+    return "".join(out) + released, finding
+
+
+def _tokens(text: str) -> list[str]:
+    words = text.split(" ")
+    return [words[0]] + [f" {w}" for w in words[1:]]
+
+
+def test_the_filter_releases_a_clean_reply_whole_and_unchanged() -> None:
+    text = "Three coppers a mug, friend. Rooms are two silver, paid first."
+    said, finding = _stream(LineFilter(), _tokens(text))
+    assert finding is None and said == text
+
+
+def test_the_filter_catches_assistant_phrasing_before_it_leaves() -> None:
+    check = LineFilter()
+    said, finding = _stream(
+        check, _tokens("Three coppers a mug. If you have any more questions, feel free to ask.")
+    )
+    assert finding is not None and finding.kind == "assistant"
+    assert said == "Three coppers a mug. " and "questions" not in check.released
+
+
+def test_the_filter_catches_a_secret_and_a_repeat() -> None:
+    secrets = secrets_of(["The name Jory Quill"], [])
+    said, finding = _stream(LineFilter(secrets=secrets), _tokens("Ask for Jory Quill, then."))
+    assert said == "" and finding is not None and finding.kind == "taboo"
+    earlier = ["The boats leave at dawn from the old wharf by the river."]
+    check = LineFilter(earlier=earlier, hold_words=0)
+    said, finding = _stream(check, _tokens("Well. The boats leave at dawn from the old wharf."))
+    assert finding is not None and finding.kind == "repeat"
+    assert said == "Well. "
+
+
+def test_a_clean_replys_first_phrase_leaves_on_the_same_token_as_without_the_filter() -> None:
+    """The filter holds each clause only until a phrase buffer would hand it to speech."""
+    for text in (
+        "Evening, friend. What will it be?",
+        "Three coppers for a mug of black ale and two silver for a room upstairs tonight.",
+    ):
+        tokens = _tokens(text)
+        bare, filtered, check = PhraseBuffer(first_words=6), PhraseBuffer(first_words=6), None
+        check = LineFilter(hold_words=6)
+        first_bare = first_filtered = None
+        for n, token in enumerate(tokens):
+            if bare.push(token, 0.0) and first_bare is None:
+                first_bare = n
+            released, finding = check.push(token)
+            assert finding is None
+            if filtered.push(released, 0.0) and first_filtered is None:
+                first_filtered = n
+        assert first_bare is not None and first_filtered == first_bare
+
+
+def test_reading_a_rule_of_the_card_back_is_an_echo() -> None:
+    rules = ["Quote the tavern's prices and hours exactly as the lore gives them"]
+    assert echoes("The tavern's prices and hours exactly as the lore gives them.", rules)
+    assert echoes("A mug is three coppers, and we close at the third bell.", rules) is None
+    check = LineFilter(instructions=rules)
+    said, finding = _stream(check, _tokens("Prices and hours exactly as the lore gives them."))
+    assert said == "" and finding is not None and finding.kind == "echo"
