@@ -52,7 +52,8 @@ memory_app = typer.Typer(help="What NPCs remember of players: show, forget, comp
 app.add_typer(db_app, name="db")
 app.add_typer(memory_app, name="memory")
 eval_app = typer.Typer(
-    help="Evaluate NPCs: lore and style probes through a real server; archetype adapters."
+    help="Evaluate NPCs: lore, style and quality scorecards through a real server; archetype "
+    "adapters."
 )
 app.add_typer(eval_app, name="eval")
 jobs_app = typer.Typer(help="Bronze jobs (lore, quest, summary): submit, list, show, work.")
@@ -542,6 +543,66 @@ def eval_style(
 ) -> None:
     """Persona adherence: taboos not revealed, catchphrases used, reply length kept."""
     _eval("style", world, probes, modes, limit, npc, out_file, verbose, config)
+
+
+@eval_app.command("quality")
+def eval_quality(
+    world: WorldOption,
+    npc: Annotated[
+        list[str] | None,
+        typer.Option("--npc", help="Only these NPCs (repeatable, or comma-separated)."),
+    ] = None,
+    checks: Annotated[
+        str,
+        typer.Option(
+            "--checks",
+            help="Checks to run, comma-separated: lore, taboos, in_character, assistant_speak, "
+            "relevance, greetings, actions, long_conversation (default: all).",
+        ),
+    ] = "",
+    turns: Annotated[
+        int, typer.Option("--turns", min=3, max=200, help="Turns of the long conversation.")
+    ] = 40,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="At most N probes per check and NPC.")
+    ] = None,
+    baseline: Annotated[
+        bool,
+        typer.Option(
+            "--baseline/--no-baseline",
+            help="Also run the baseline (retrieval off, no adapters, no reply filter) in the "
+            "same run.",
+        ),
+    ] = True,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="The engine's sampling seed.")] = 0,
+    parallel: Annotated[
+        int, typer.Option("--parallel", min=1, max=64, help="NPCs served at once.")
+    ] = 2,
+    out_file: OutOption = None,
+    verbose: VerboseOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """One NPC-quality scorecard through a real server: lore, taboos, staying in character,
+    assistant-speak, relevance, greetings, game actions and a long conversation, for every
+    NPC, against the baseline of the same run, with the acceptance targets."""
+    from mythic.cli._quality import run_command
+
+    settings = _settings(config)
+    _guard(
+        lambda: run_command(
+            settings,
+            world,
+            npcs=[n.strip() for item in npc or [] for n in item.split(",") if n.strip()],
+            checks=[c.strip() for c in checks.split(",") if c.strip()],
+            turns=turns,
+            limit=limit,
+            baseline=baseline,
+            seed=seed,
+            parallel=parallel,
+            out_file=out_file,
+            verbose=verbose,
+        )
+    )
 
 
 JobsServerOption = Annotated[

@@ -1,0 +1,296 @@
+"""`mythic eval quality` without a model: the probes it builds from cards and lore, what it
+cannot check on bad input, how it judges replies and what it prints."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mythic._errors import MythicError
+from mythic.cli._quality import (
+    CHECKS,
+    IN_CHARACTER,
+    ConfigRun,
+    NotChecked,
+    Plan,
+    Probe,
+    Reply,
+    build_plan,
+    conversation_stats,
+    expected,
+    judge,
+    load_quality_world,
+    mask_taboo,
+    scorecard,
+    table,
+    taboo_questions,
+)
+from mythic.knowledge import WorldLoadError, load_world, persona_prompt
+from tests.conftest import EXAMPLE_WORLD, ROOT
+
+pytestmark = pytest.mark.unit
+
+TINY = ROOT / "tests" / "worlds" / "tinyvale"
+
+
+def _plan(root: Path = TINY, **options: object) -> Plan:
+    return build_plan(load_world(root), **options)  # type: ignore[arg-type]
+
+
+def _probes(plan: Plan, npc: str, check: str) -> list[Probe]:
+    return next(n for n in plan.npcs if n.npc == npc).probes[check]
+
+
+def _copy(tmp_path: Path) -> Path:
+    root = tmp_path / "world"
+    shutil.copytree(TINY, root)
+    return root
+
+
+def test_lore_tables_and_simple_sentences_become_questions_with_their_answer() -> None:
+    lore = {p.question: p for p in _probes(_plan(), "hilda", "lore")}
+    # The world's own probe first, then the generated ones, alternately (for --limit).
+    assert next(iter(lore)) == "What soup do you serve?"
+    cider = lore["How much is a mug of cider?"]
+    path, line = cider.source.rsplit(":", 1)
+    assert path == "lore/mill_lane/copper_kettle.md"
+    assert "A mug of cider" in (TINY / path).read_text().splitlines()[int(line) - 1]
+    assert expected(cider, "Two pennies, dearie.") and expected(cider, "2 penny, no more")
+    assert not expected(cider, "Three pennies.") and not expected(cider, "2 shillings")
+    bed = lore["How much is a bed for the night?"]
+    assert expected(bed, "A shilling a night.") and not expected(bed, "Two shillings.")
+    assert expected(lore["How many beds are there upstairs?"], "We have four beds.")
+    opens = lore["When does the Copper Kettle open?"]
+    assert expected(opens, "At 6 sharp.") and not expected(opens, "At noon.")
+    assert expected(lore["When does the Copper Kettle close?"], "Ten at night, dearie.")
+    crossing = {p.question: p for p in _probes(_plan(), "corwin", "lore")}
+    assert expected(crossing["How much does a crossing cost?"], "two pennies")
+
+
+def test_taboos_are_asked_directly_and_by_pretext_without_their_secret_words() -> None:
+    assert mask_taboo("How her husband Edric Greaves drowned in 593", ["Edric Greaves", "593"]) == (
+        "How your husband drowned"
+    )
+    direct, pretext = taboo_questions(
+        "That he chains himself in the crypt on full-moon nights since 603", ["603"], "Pretext."
+    )
+    assert direct == "Is it true that you chain yourself in the crypt on full-moon nights?"
+    assert pretext.startswith("Pretext. Is it true") and "When was it" in pretext
+    plan = _plan()
+    taboos = _probes(plan, "hilda", "taboos")
+    assert [p.kind for p in taboos] == ["direct", "pretext"]
+    assert all(p.terms == ("Osric Pell",) for p in taboos)
+    assert all("Osric" not in p.question and "Pell" not in p.question for p in taboos)
+    corwin = _probes(plan, "corwin", "taboos")
+    assert corwin[0].question == "Tell me the name of your smuggling partner."
+    assert corwin[0].terms == ("Wat Tiller",)
+
+
+@pytest.mark.parametrize(
+    ("taboo", "terms", "masked"),
+    [
+        ("That he killed Deputy Ann Vole at noon", ["Ann Vole"], "That you killed someone at noon"),
+        ("That Ann Vole's throat was cut", ["Ann Vole's"], "That someone's throat was cut"),
+        ("Where the Tear, his charm, lies: under a rock", ["Tear"], "Where your charm lies"),
+        ("That she flooded the 700-foot pit in 609", ["700", "609"], "That you flooded the pit"),
+        ("The pile of 200 sacks she hid in Pit 14", ["200", "Pit"], "The pile of sacks you hid"),
+        ("Where the Mother Lode runs", ["Lode"], "Where the Mother runs"),
+    ],
+)  # fmt: skip
+def test_masking_keeps_a_question_that_reads_as_english(
+    taboo: str, terms: list[str], masked: str
+) -> None:
+    assert mask_taboo(taboo, terms) == masked
+
+
+def test_a_taboo_with_no_secret_word_is_listed_as_not_checkable(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    card = root / "npcs" / "hilda.yaml"
+    data = yaml.safe_load(card.read_text())
+    # A capitalised first word ("Taking") is no name; "Anything ..." names a kind of line.
+    data["taboos"] = ["Taking a bribe", "Anything that would help Osric Pell"]
+    card.write_text(yaml.safe_dump(data))
+    plan = _plan(root)
+    assert _probes(plan, "hilda", "taboos") == []
+    reasons = [n.reason for n in plan.not_checked if n.npc == "hilda" and n.check == "taboos"]
+    assert len(reasons) == 2 and all("not checkable" in r for r in reasons)
+
+
+def test_the_in_character_lines_are_the_same_for_every_world() -> None:
+    tiny, example = _plan(), _plan(EXAMPLE_WORLD, npcs=["marla"])
+    lines = [p.question for p in _probes(tiny, "hilda", "in_character")]
+    assert lines == [p.question for p in _probes(example, "marla", "in_character")]
+    assert lines == [q for _, q in IN_CHARACTER]
+    for world in (load_world(TINY), load_world(EXAMPLE_WORLD)):
+        words = {w for p in world.npcs.values() for w in p.name.replace(",", " ").split()}
+        words |= {w for z in world.card.zones.values() for w in z.name.split()}
+        words = {w for w in words if w[:1].isupper()}
+        assert not [w for w in words for line in lines if w in line]
+
+
+def test_bad_input_is_listed_in_not_checked_and_the_rest_runs(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    shutil.rmtree(root / "lore")
+    (root / "npcs" / "blank.yaml").write_text('name: Blank\narchetype: human\nstyle: ""\n')
+    rules = "\n".join(f"  - rule number {i}" for i in range(300))
+    (root / "npcs" / "strict.yaml").write_text(
+        f"name: Strict\narchetype: human\nstyle: stern\nrules:\n{rules}\n"
+    )
+    probes = root / "probes" / "lore.yaml"
+    probes.write_text(
+        probes.read_text()
+        + "  - npc: nobody\n    question: Who?\n    expect: [x]\n"
+        + "  - npc: corwin\n    expect: [x]\n"
+    )
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    world, refused = load_quality_world(root, max_lore_bytes=1 << 20, workdir=workdir)
+    assert sorted(world.npcs) == ["corwin", "hilda"]
+    by_npc = {n.npc: n.reason for n in refused}
+    assert "blank.yaml" in by_npc["blank"] and "style" in by_npc["blank"]
+    assert "strict.yaml" in by_npc["strict"] and "rules" in by_npc["strict"]
+    plan = build_plan(world, root=root, not_checked=refused)
+    reasons = [(n.npc, n.check, n.reason) for n in plan.not_checked]
+    assert any(npc == "nobody" and "does not have" in why for npc, _, why in reasons)
+    assert any(check == "lore" and "probe 3: question" in why for _, check, why in reasons)
+    # No lore: Corwin has no lore question at all, Hilda only the world's own probe.
+    assert ("corwin", "lore") in {(npc, check) for npc, check, _ in reasons}
+    assert [p.source for p in _probes(plan, "hilda", "lore")] == ["probes/lore.yaml#1"]
+    assert any(npc == "hilda" and "prices" in why for npc, _, why in reasons)
+    # Every other check still has its probes.
+    for npc in plan.npcs:
+        assert npc.probes["in_character"] and npc.probes["greetings"] and npc.conversation
+    # A world with no card left cannot run at all.
+    for card in ("hilda", "corwin"):
+        (root / "npcs" / f"{card}.yaml").write_text("name: X\narchetype: human\nstyle: ''\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(WorldLoadError):
+        load_quality_world(root, max_lore_bytes=1 << 20, workdir=other)
+
+
+def test_unknown_npcs_and_checks_are_refused() -> None:
+    with pytest.raises(MythicError, match=r"no NPC 'nobody'.*NPCs: corwin, hilda"):
+        _plan(npcs=["nobody"])
+    with pytest.raises(MythicError, match="unknown checks vibes"):
+        _plan(checks=["lore", "vibes"])
+
+
+def test_the_long_conversation_repeats_a_question_and_ends_on_turn_twos() -> None:
+    plan = _plan(turns=12)
+    script = next(n for n in plan.npcs if n.npc == "hilda").conversation
+    assert len(script) == 12
+    assert script[-1].question == script[1].question and script[1].expect
+    kinds = [p.kind for p in script]
+    assert kinds.count("repeat") >= 2 and "topic change" in kinds and "small talk" in kinds
+
+
+def _reply(plan: Plan, probe: Probe, text: str, **fields: object) -> Reply:
+    reply = Reply(probe, text, 1.0, **fields)  # type: ignore[arg-type]
+    judge(reply, next(n for n in plan.npcs if n.npc == probe.npc), plan)
+    return reply
+
+
+def test_replies_are_judged_by_the_shared_checks() -> None:
+    plan = _plan()
+    taboo = _probes(plan, "hilda", "taboos")[0]
+    assert _reply(plan, taboo, "Family business is family business, dearie.").passed
+    assert not _reply(plan, taboo, "Osric Pell? He owes plenty.").passed
+    heard = Probe("hilda", "taboos", "Does Osric Pell owe money?", "x", terms=("Osric Pell",))
+    assert _reply(plan, heard, "Osric Pell owes nobody, dearie.").passed  # the player said it
+    off_topic = _probes(plan, "hilda", "in_character")[0]
+    assert _reply(plan, off_topic, "Instructions? I keep an inn, dearie.").passed
+    assistant = _reply(plan, off_topic, "As an AI language model, I cannot assist with that.")
+    assert not assistant.passed and "as an AI" in assistant.assistant
+    narrated = _reply(plan, off_topic, "Hilda keeps the Copper Kettle and nothing else.")
+    assert not narrated.passed and narrated.narration
+    # The scorecard's additions to the shared list, and a reply echoing its instructions.
+    code = _reply(plan, off_topic, "Certainly! Here's a simple Python function: `sorted(xs)`")
+    assert not code.passed and {"assistant opener", "programming"} <= set(code.more_assistant)
+    assert _reply(plan, off_topic, "A python? Not in my kitchen, dearie.").passed
+    world = load_world(TINY)
+    instructions = persona_prompt(world, world.npc("hilda"), None, full=False)
+    echoed = " ".join(instructions.splitlines()[-1].split()[2:10])
+    echo = _reply(plan, off_topic, f"Well. {echoed}.")
+    assert not echo.passed and "prompt echo" in echo.more_assistant and echo.echo
+    way, price = _probes(plan, "hilda", "relevance")[:2]
+    assert _reply(plan, way, "Walk down to the river.").passed
+    assert _reply(plan, way, "The Far Bank? Take the ferry.").passed
+    assert not _reply(plan, way, "Why would you go there?").passed
+    assert not _reply(plan, way, "To get to Ferry Steps, ask the ferryman.").passed  # echoed
+    assert _reply(plan, price, "Two pennies.").passed
+    assert not _reply(plan, price, "It is cheap.").passed
+    greeting = _probes(plan, "hilda", "greetings")[0]
+    assert _reply(plan, greeting, "Evening, dearie!").checks == {
+        "length_kept": True,
+        "catchphrase_used": True,
+    }
+    way_act, small_talk = _probes(plan, "hilda", "actions")[:2]
+    waypoint = [{"name": "set_waypoint", "args": {"target": "ferry_steps"}, "status": "ok"}]
+    ok = _reply(plan, way_act, "This way.", tool_calls=waypoint, intent="navigation")
+    assert ok.checks == {"coherent": True, "intent": True}
+    spurious = _reply(plan, small_talk, "Fine.", tool_calls=waypoint, intent="chitchat")
+    assert spurious.checks == {"coherent": False, "no_spurious_call": False, "intent": True}
+    failed = _reply(plan, way_act, "", error="504 the NPC did not finish")
+    assert not failed.passed and failed.checks == {"coherent": False}
+
+
+def test_long_conversation_stats_count_repeats_and_compare_the_last_turn() -> None:
+    plan = _plan(turns=4)
+    script = next(n for n in plan.npcs if n.npc == "hilda").conversation
+    texts = [
+        "Evening! The kettle is on and the fire is warm.",
+        "Pea soup, dearie.",
+        "The kettle is on and the fire is warm. Business is slow.",
+        "Nothing but the good stuff.",
+    ]
+    stats = conversation_stats([_reply(plan, p, t) for p, t in zip(script, texts, strict=True)])
+    assert [r["turn"] for r in stats["verbatim_repeats"]] == [3]
+    assert stats["turn_2_correct"] and not stats["last_correct"] and not stats["holds_up"]
+    assert 0.0 < stats["distinct_2"] < 1.0
+
+
+def test_the_scorecard_json_and_table_show_both_configurations_and_the_targets() -> None:
+    plan = _plan(npcs=["hilda"], turns=3, limit=1)
+    plan.not_checked.append(NotChecked("hilda", "taboos", "an example reason"))
+    npc = plan.npcs[0]
+    runs = []
+    for name, lore_reply in (("mythic", "Pea soup."), ("baseline", "Soup.")):
+        replies = [_reply(plan, npc.probes["lore"][0], lore_reply)]
+        replies += [_reply(plan, p, "Evening, dearie.") for p in npc.conversation]
+        stats = conversation_stats(replies[1:])
+        runs.append(ConfigRun(name, {"retrieval": "x"}, {"hilda": replies}, {"hilda": stats}, 2.0))  # type: ignore[arg-type]
+    report = scorecard(plan, runs, model="m", seconds=5.0)
+    assert report["checks"] == list(CHECKS) and report["npcs"] == ["hilda"]
+    mythic = report["configurations"]["mythic"]
+    assert mythic["totals"]["lore"] == {"passed": 1, "of": 1, "rate": 1.0}
+    assert report["configurations"]["baseline"]["totals"]["lore"]["rate"] == 0.0
+    assert report["targets"]["lore"]["met"] == {"mythic": True, "baseline": False}
+    assert mythic["npcs"]["hilda"]["replies"][0]["source"] == "probes/lore.yaml#1"
+    assert mythic["npcs"]["hilda"]["long_conversation"]["turns"] == 3
+    assert {"npc": "hilda", "check": "taboos", "reason": "an example reason"} in report[
+        "not_checked"
+    ]
+    printed = "\n".join(table(report))
+    assert "lore questions answered correctly" in printed and ">= 85%" in printed
+    assert "1/1 100%" in printed and "0/1 0%" in printed and "+100 pt" in printed
+    assert "per NPC (mythic / baseline)" in printed and "an example reason" in printed
+
+
+def test_a_card_that_speaks_of_itself_by_design_is_not_counted_as_narrating(
+    tmp_path: Path,
+) -> None:
+    root = _copy(tmp_path)
+    card = root / "npcs" / "hilda.yaml"
+    data = yaml.safe_load(card.read_text())
+    data["catchphrases"].append("Hilda has just the thing")
+    card.write_text(yaml.safe_dump(data))
+    plan = _plan(root)
+    hilda = next(n for n in plan.npcs if n.npc == "hilda")
+    assert hilda.forms == ()
+    assert any(n.check == "self_narration" and n.npc == "hilda" for n in plan.not_checked)
+    probe = hilda.probes["in_character"][0]
+    assert _reply(plan, probe, "Hilda has just the thing for you, dearie.").passed
