@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -284,6 +285,68 @@ async def test_new_npcs_share_an_evaluated_system_prefix(
     assert alone.cached_tokens == 0
     assert shared.text == alone.text
     assert smollm.metrics().prefix_hit_rate > 0
+
+
+# -- DRY ------------------------------------------------------------------------------------------
+
+
+def repeated(text: str, earlier: Sequence[str] = ()) -> int:
+    """Word 4-grams of `text` found in `earlier` or before them in `text` itself."""
+    seen: set[tuple[str, ...]] = set()
+    for line in earlier:
+        seen.update(_four_grams(line))
+    count = 0
+    for gram in _four_grams(text):
+        count += gram in seen
+        seen.add(gram)
+    return count
+
+
+def _four_grams(text: str) -> list[tuple[str, ...]]:
+    words = re.findall(r"[a-z0-9']+", text.lower())
+    return [tuple(words[i : i + 4]) for i in range(len(words) - 3)]
+
+
+async def test_dry_keeps_an_npc_from_saying_its_earlier_lines_again(qwen: Engine) -> None:
+    # Asked the same question again, the 0.5B model greedily says its first answer again word
+    # for word, then its second. DRY fed the NPC's earlier lines (its default scope) rewords
+    # it; DRY on the reply alone cannot: the repeat starts in the prompt.
+    question = "What can you tell me about this place?"
+    messages = [SYSTEM, ChatMessage("user", question)]
+    lines: list[str] = []
+    for follow_up in ("Tell me more.", question):
+        request = GenerationRequest(npc_id="dry-npc", messages=messages, sampling=greedy(60))
+        lines.append((await run(qwen, request)).text)
+        messages = [*messages, ChatMessage("assistant", lines[-1]), ChatMessage("user", follow_up)]
+
+    async def again(sampling: Sampling) -> int:
+        request = GenerationRequest(npc_id="dry-npc", messages=messages, sampling=sampling)
+        return repeated((await run(qwen, request)).text, lines)
+
+    plain = await again(greedy(60))
+    reply_only = await again(replace(greedy(60), dry_multiplier=0.8, dry_scope="reply"))
+    dry = await again(replace(greedy(60), dry_multiplier=0.8))
+    assert plain >= 10  # the prompt does make greedy decoding repeat the earlier lines
+    assert dry < plain
+    assert dry < reply_only
+
+
+async def test_dry_breaks_a_greedy_loop_within_the_reply(qwen: Engine) -> None:
+    chant = "Continue this chant for as long as you can: " + "torch and blade, " * 4
+    messages = [ChatMessage("user", chant)]
+
+    async def chanted(sampling: Sampling) -> int:
+        request = GenerationRequest(npc_id="dry-chant", messages=messages, sampling=sampling)
+        return (await run(qwen, request)).text.lower().count("torch and blade")
+
+    plain = await chanted(greedy(64))
+    # No sequence breakers: with llama.cpp's default ones the model chants on after a line
+    # break, where a repeat starts counting again.
+    dry = await chanted(
+        replace(greedy(64), dry_multiplier=0.8, dry_scope="reply", dry_sequence_breakers=())
+    )
+    assert plain >= 10  # without DRY, greedy decoding goes on chanting
+    assert dry < plain
 
 
 # -- constrained output ------------------------------------------------------------------------

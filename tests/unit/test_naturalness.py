@@ -93,6 +93,8 @@ def test_a_taboos_secret_terms_are_its_names_and_numbers_not_public_ones() -> No
     assert set(how.terms) == {"Edric Greaves", "593"}
     assert name.terms == ("Jory Quill",)
     assert vague.terms == ()  # nothing checkable: left to the prompt
+    (bribe,) = secrets_of(["Taking a bribe from Jory Quill"], [])
+    assert bribe.terms == ("Jory Quill",)  # not "Taking": it only starts the taboo
 
 
 def test_a_secret_the_player_said_first_is_not_a_leak() -> None:

@@ -158,6 +158,8 @@ def secrets_of(taboos: Iterable[str], public: Iterable[str]) -> list[Secret]:
         found: list[str] = []
         for match in _CAPITALISED_RUN.finditer(taboo):
             words = match.group(0).split()
+            if match.start() == 0 and words[0].lower() not in _TITLES:
+                words = words[1:]  # capitalised as the taboo's first word: "Taking a bribe"
             while words and words[0].lower() in _COMMON | _TITLES:
                 words = words[1:]
             if words:
