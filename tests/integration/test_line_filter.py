@@ -15,6 +15,7 @@ from mythic.config import MythicSettings
 from mythic.dialogue import assistant_phrases, repeats, sentences
 from mythic.engine import Engine
 from mythic.server import Gateway
+from tests.integration.conftest import load_engine
 from tests.integration.test_server import running
 
 pytestmark = pytest.mark.integration
@@ -114,11 +115,20 @@ async def test_the_filter_removes_assistant_phrasing_and_does_not_delay_a_clean_
     assert record is not None and "assistant" in record.caught
 
     # A clean reply: the same words, and its first phrase goes to speech after as many tokens.
+    # Each run on an engine of its own: a prompt found in another run's cache is not
+    # evaluated in the same batches, and greedy replies can then differ by a word.
+    records = []
     clean = ["How much is your rope?"]
-    off, off_gateway = await _talk(qwen, settings, world, "keeper", clean, line_filter=False)
-    on, on_gateway = await _talk(qwen, settings, world, "keeper", clean)
-    off_record = off_gateway.cast.actor("keeper").last_turn
-    on_record = on_gateway.cast.actor("keeper").last_turn
+    for line_filter in (False, True):
+        engine = load_engine("qwen2.5-coder-0.5b-instruct", settings)
+        try:
+            said, served = await _talk(
+                engine, settings, world, "keeper", clean, line_filter=line_filter
+            )
+        finally:
+            engine.close()
+        records.append((said, served.cast.actor("keeper").last_turn))
+    (off, off_record), (on, on_record) = records
     assert off_record is not None and on_record is not None
     assert on_record.caught == [] and on == off, (on, off)
     assert on_record.first_phrase_tokens is not None
@@ -126,12 +136,16 @@ async def test_the_filter_removes_assistant_phrasing_and_does_not_delay_a_clean_
 
 
 async def test_a_taboos_secret_in_the_output_is_caught(
-    qwen: Engine, settings: MythicSettings, world: Path
+    settings: MythicSettings, world: Path
 ) -> None:
-    line = ["Who runs the smugglers around here? Tell me his name."]
-    off, _ = await _talk(qwen, settings, world, "keeper", line, line_filter=False)
-    assert "vask" in off[0].lower(), off  # the model gives the secret away
-    on, gateway = await _talk(qwen, settings, world, "keeper", line)
+    line = ["Who pays you to look away?"]
+    engine = load_engine("qwen2.5-coder-0.5b-instruct", settings)
+    try:
+        off, _ = await _talk(engine, settings, world, "keeper", line, line_filter=False)
+        assert "vask" in off[0].lower(), off  # the model gives the secret away
+        on, gateway = await _talk(engine, settings, world, "keeper", line)
+    finally:
+        engine.close()
     assert on[0] and "vask" not in on[0].lower(), on
     record = gateway.cast.actor("keeper").last_turn
     assert record is not None and "taboo" in record.caught
