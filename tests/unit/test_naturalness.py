@@ -34,6 +34,8 @@ pytestmark = pytest.mark.unit
         "Let me know if you need anything else!",
         "I don't have personal feelings.",
         "Based on the lore, the tavern opens at six.",
+        "Certainly! You can sort a list in Python using sorted().",
+        "Here's a function that adds two numbers.",
     ],
 )
 def test_assistant_phrasing_is_found(text: str) -> None:

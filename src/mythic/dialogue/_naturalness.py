@@ -55,7 +55,9 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
          r"\b(video game|role-?play(ing)?|fictional character|in-character|non-player character"
          r"|game character|as a character)\b"),
         ("markdown", r"(^|\n)\s*(#{1,6} |\*\*|[-*] \*\*|\d+\. \*\*)"),
-        ("code", r"```|\bdef \w+\(|\bimport \w+|\bprint\(|\breturn \w+[;(]|console\.log|\w+\(\);"),
+        ("code", r"```|\bdef \w+\(|\bimport \w+|\bprint\(|\breturn \w+[;(]|console\.log|\w+\(\);"
+                 r"|\bhere'?s (a|the|an|your) (code|function|script|program|snippet)\b"
+                 r"|\b(Python|JavaScript|TypeScript|Java|C\+\+|SQL|programming language)\b"),
     )
 )
 # Words that go before a name and are not it ("Captain Edda Strand": Edda, Strand).
