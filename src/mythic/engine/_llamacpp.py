@@ -328,7 +328,9 @@ class LlamaCppBackend(Backend):
         in the conversation. Only DRY is fed them: the repeat penalty keeps to the reply.
         """
         lib = self._lib
-        last_n = self.n_ctx_seq if sampling.dry_penalty_last_n < 0 else sampling.dry_penalty_last_n
+        last_n = sampling.dry_penalty_last_n
+        # No repeat reaches back past a context window; llama.cpp allocates `last_n` up front.
+        last_n = self.n_ctx_seq if last_n < 0 else min(last_n, self.n_ctx_seq)
         key = (
             sampling.dry_multiplier,
             sampling.dry_base,
