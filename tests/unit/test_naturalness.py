@@ -11,9 +11,12 @@ from mythic.dialogue import (
     PhraseBuffer,
     assistant_phrases,
     echoes,
+    greeting_lead,
+    greets,
     leaked,
     name_forms,
     narrates_self,
+    opening,
     repeats,
     secrets_of,
     sentences,
@@ -49,6 +52,8 @@ def test_assistant_phrasing_is_found(text: str) -> None:
         "Help yourself to the stew; I'll not help you with the bill.",
         "Ask the Captain, not me.",
         "I know every road out of this town, and none of them is safe after dark.",
+        "A python? Not in my kitchen, dearie.",
+        "Java beans come up the river twice a year.",
     ],
 )
 def test_a_characters_line_is_not_assistant_phrasing(text: str) -> None:
@@ -184,3 +189,71 @@ def test_reading_a_rule_of_the_card_back_is_an_echo() -> None:
     check = LineFilter(instructions=rules)
     said, finding = _stream(check, _tokens("Prices and hours exactly as the lore gives them."))
     assert said == "" and finding is not None and finding.kind == "echo"
+
+
+@pytest.mark.parametrize(
+    ("line", "greeting"),
+    [
+        ("Good evening!", True),
+        ("Hello there. How are you today?", True),
+        ("Greetings! I've just arrived. What's good around here?", True),
+        ("well met, friend", True),
+        ("Hey, what's the price of rope?", True),
+        ("Evening, innkeeper.", True),
+        ("How much is the rope?", False),
+        ("Hit him!", False),
+        ("History is long here.", False),
+        ("Evening is when the bells ring.", False),
+        ("I said hello to the sheriff.", False),
+    ],
+)
+def test_a_greeting_is_known_by_its_first_words(line: str, greeting: bool) -> None:
+    assert greets(line) is greeting
+
+
+def test_a_greeting_leads_with_a_catchphrase_not_yet_said() -> None:
+    phrases = ["sugar", "what'll it be", "By the lode!"]
+    first = greeting_lead(phrases, [], "s\x000")
+    assert first in {"Sugar,", "What'll it be,", "By the lode!"}
+    # Each key picks one; across keys every catchphrase is used.
+    assert {greeting_lead(phrases, [], f"s\x00{i}") for i in range(30)} == {
+        "Sugar,",
+        "What'll it be,",
+        "By the lode!",
+    }
+    # Said already in the conversation (in any case, inside a longer line): not again.
+    said = ["Well, SUGAR, the stew is hot.", "What'll it be tonight?"]
+    assert greeting_lead(phrases, said, "k") == "By the lode!"
+    assert greeting_lead(phrases, [*said, "By the lode, that's cold."], "k") == ""
+    assert greeting_lead([], [], "k") == ""
+    # A word inside another word is not the catchphrase said: "sugarcane" is not "sugar".
+    assert greeting_lead(["sugar"], ["Sugarcane from the south."], "k") == "Sugar,"
+
+
+def test_a_catchphrase_naming_the_npc_is_not_narration_nor_an_echo() -> None:
+    forms = name_forms("Grisk, the Bone Trader")
+    line = "Grisk has just the thing, warm one. Three bones a bag."
+    caught = LineFilter(forms=forms)
+    _, finding = caught.push(line + " ")
+    assert finding is not None and finding.kind == "narration"
+    own = LineFilter(forms=forms, own=["Grisk has just the thing"])
+    released, finding = own.push(line + " ")
+    assert finding is None and released == line + " "
+    # Anything else in the third person still is.
+    _, finding = LineFilter(forms=forms, own=["Grisk has just the thing"]).push(
+        "Grisk sells bones to anyone. "
+    )
+    assert finding is not None and finding.kind == "narration"
+
+
+def test_a_reply_that_opens_as_an_earlier_one_did_is_a_repeat_however_short() -> None:
+    earlier = ["Salt and silence, I'm Ysolde.", "Aye, the tide is in."]
+    openings = [opening(text) for text in earlier]
+    assert openings == ["salt and silence", "aye"]
+    _, finding = LineFilter(openings=openings).push("Salt and silence, the weather is fine. ")
+    assert finding is not None and finding.kind == "repeat"
+    # One word may recur, and the same words later in a reply are no opening.
+    released, finding = LineFilter(openings=openings).push("Aye, the weather is fine. ")
+    assert finding is None and released == "Aye, the weather is fine. "
+    line = "The weather is fine, salt and silence. "
+    assert LineFilter(openings=openings).push(line) == (line, None)

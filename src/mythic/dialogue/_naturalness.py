@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
@@ -57,7 +58,9 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("markdown", r"(^|\n)\s*(#{1,6} |\*\*|[-*] \*\*|\d+\. \*\*)"),
         ("code", r"```|\bdef \w+\(|\bimport \w+|\bprint\(|\breturn \w+[;(]|console\.log|\w+\(\);"
                  r"|\bhere'?s (a|the|an|your) (code|function|script|program|snippet)\b"
-                 r"|\b(Python|JavaScript|TypeScript|Java|C\+\+|SQL|programming language)\b"),
+                 r"|\b(in|using|with) (Python|JavaScript|TypeScript|Java|C\+\+|SQL)\b"
+                 r"|\b(Python|JavaScript|TypeScript|Java|C\+\+|SQL) (code|function|script"
+                 r"|program|snippet|class|library)\b|\bprogramming language\b"),
     )
 )
 # Words that go before a name and are not it ("Captain Edda Strand": Edda, Strand).
@@ -150,22 +153,31 @@ class Secret:
 
 
 def secrets_of(taboos: Iterable[str], public: Iterable[str]) -> list[Secret]:
-    """The giveaway words of each taboo. `public`: texts anyone may say (world and zone
-    descriptions, NPC names, the card's style and rules); a term found in them is not
-    secret. A taboo with no such word ("anything that would help her") gets no terms: it is
-    kept by the prompt alone, and the scorecard says it could not check it."""
+    """The giveaway words of each taboo: its names of two words or more ("Jory Quill", a
+    title and a name: "Mother Vein"), its numbers and quoted words. `public`: texts anyone
+    may say (world and zone descriptions, NPC names, the card's style and rules); a term
+    found in them is not secret. A taboo with no such word ("anything that would help
+    her") gets no terms: it is kept by the prompt alone, and the scorecard says it could not
+    check it."""
     public_text = " ".join(public).lower()
     secrets = []
     for taboo in taboos:
         found: list[str] = []
         for match in _CAPITALISED_RUN.finditer(taboo):
-            words = match.group(0).split()
+            words = re.sub(r"'s$", "", match.group(0)).split()  # "Cole Varner's throat"
             if match.start() == 0 and words[0].lower() not in _TITLES:
                 words = words[1:]  # capitalised as the taboo's first word: "Taking a bribe"
-            while words and words[0].lower() in _COMMON | _TITLES:
+            while words and words[0].lower() in _COMMON:
                 words = words[1:]
-            if words:
+            titled = words[:2] if len(words) == 2 and words[0].lower() in _TITLES else []
+            while words and words[0].lower() in _TITLES:
+                words = words[1:]
+            if len(words) > 1:
                 found.append(" ".join(words))
+            elif titled:  # "Mother Vein": the title makes the word a name
+                found.append(" ".join(titled))
+            # One capitalised word alone is as often a noun of the world as a name ("the
+            # Church", "the month of Thaw", "Stope 14"): saying it gives nothing away.
         found += _NUMBER.findall(taboo)
         found += [q.strip() for q in _QUOTED.findall(taboo)]
         terms: list[str] = []
@@ -251,6 +263,48 @@ def begins_as(start: str, earlier: Iterable[str], *, min_words: int = 5) -> str 
     return None
 
 
+_GREETING = re.compile(
+    r"^\W*(hello|hallo|hullo|hi|hiya|hey|heya|greetings|salutations|howdy|ahoy|hail|well met"
+    r"|good (morning|afternoon|evening|day|morrow|night)|g'?day|(morning|evening|afternoon)\b"
+    r"(?!\s+(is|was|will|comes|came|bell)))\b",
+    re.IGNORECASE,
+)
+
+
+def greets(line: str) -> bool:
+    """Whether a player's line opens with a greeting ("Good evening!", "Hello there. How
+    are you?", "Well met, friend")."""
+    return _GREETING.match(line) is not None
+
+
+def greeting_lead(catchphrases: Sequence[str], said: Iterable[str], key: str) -> str:
+    """The start of a reply to a greeting: one of the card's `catchphrases` not in what the
+    NPC has `said` in the conversation (`key` picks which), capitalised, with a comma after
+    it when it does not end a sentence ("Sugar," or "By the lode!"); "" when every one was
+    said already."""
+    heard = f" {normalise(' '.join(said))} "
+    unused = [c.strip() for c in catchphrases if normalise(c) and f" {normalise(c)} " not in heard]
+    if not unused:
+        return ""
+    phrase = unused[zlib.crc32(key.encode()) % len(unused)].rstrip(",;:")
+    phrase = phrase[:1].upper() + phrase[1:]
+    # No space after it: the model's next token brings its own (a token that begins
+    # without one, after a prompt ending in a space, is a number or a fragment).
+    return phrase if phrase[-1] in ".!?…" else f"{phrase},"
+
+
+def opening(reply: str) -> str:
+    """A reply's first clause, compared for repeats: up to its first comma or full stop."""
+    match = _CLAUSE_END.search(reply + " ")
+    return normalise(reply[: match.start()] if match else reply)
+
+
+def _without(text: str, own: Sequence[str]) -> str:
+    for line in own:
+        text = re.sub(re.escape(line), " ", text, flags=re.IGNORECASE)
+    return text
+
+
 @dataclass(slots=True)
 class LineFilter:
     """Holds each clause of a streamed reply until it is checked, then releases it.
@@ -276,6 +330,13 @@ class LineFilter:
     """Sentences the NPC said earlier in the conversation: not to be said again."""
     instructions: Sequence[str] = ()
     """The card's rules, taboos and style: followed, never read back (`echoes`)."""
+    openings: Sequence[str] = ()
+    """The first clauses of the NPC's earlier replies (`opening`): a reply that begins as
+    one of them did ("Salt and silence, ...", then again "Salt and silence, ...") is a
+    repeat, however short; one word ("Aye,") may recur."""
+    own: Sequence[str] = ()
+    """The card's catchphrases: the NPC's own words, said as they are (one may name the NPC
+    in the third person, "Grisk has just the thing"), so not narration or an echo."""
     hold_words: int = 6
     released: str = ""
     _held: str = ""
@@ -324,15 +385,20 @@ class LineFilter:
         labels = assistant_phrases(sentence)
         if labels:
             return Finding("assistant", labels[0])
-        narration = narrates_self(sentence, self.forms)
+        spoken = _without(sentence, self.own) if self.own else sentence
+        narration = narrates_self(spoken, self.forms)
         if narration is not None:
             return Finding("narration", narration)
         leaks = leaked(sentence, self.secrets, self.heard)
         if leaks:
             return Finding("taboo", leaks[0])
-        echo = echoes(sentence, self.instructions)
+        echo = echoes(spoken, self.instructions)
         if echo is not None:
             return Finding("echo", echo)
+        if not self.released and not self._sentence and not self._said:
+            first = opening(piece)
+            if len(first.split()) > 1 and first in self.openings:
+                return Finding("repeat", first)
         before = [*self.earlier, *self._said]
         # A sentence is released clause by clause: one that has begun as an earlier one did,
         # word for word, is caught at its first clause rather than once it is all out.
