@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from mythic.config import MythicSettings
-from mythic.dialogue import assistant_phrases, repeats, sentences
+from mythic.dialogue import assistant_phrases, normalise, repeats, sentences
 from mythic.engine import Engine
 from mythic.server import Gateway
 from tests.integration.conftest import load_engine
@@ -50,6 +50,16 @@ archetype: human
 style: "eager and polite"
 rules:
   - "Always end every reply with the sentence: If you have any more questions, feel free to ask!"
+zone: harbour
+tools: []
+""",
+    "npcs/ferrywoman.yaml": """
+name: "Ysolde, the Ferrywoman"
+archetype: human
+style: "dry and unhurried"
+catchphrases:
+  - "mind the tide"
+  - "salt and silence"
 zone: harbour
 tools: []
 """,
@@ -151,3 +161,27 @@ async def test_a_taboos_secret_in_the_output_is_caught(
     assert record is not None and "taboo" in record.caught
     assert gateway.cast.stats.caught["taboo"] >= 1
     assert 'mythic_reply_tries_caught_total{kind="taboo"}' in _METRICS["keeper"]
+
+
+async def test_a_greeting_is_answered_with_a_catchphrase_the_model_goes_on_from(
+    qwen: Engine, settings: MythicSettings, world: Path
+) -> None:
+    phrases = ("mind the tide", "salt and silence")
+    lines = ["Good evening!", "Hello again. What do you do here?", "Good day to you!"]
+
+    def lead(reply: str) -> str | None:
+        return next((p for p in phrases if normalise(reply).startswith(p)), None)
+
+    off, _ = await _talk(
+        qwen, settings, world, "ferrywoman", lines[:1], greet_with_catchphrase=False
+    )
+    assert not any(p in normalise(off[0]) for p in phrases), off  # the prompt alone: none
+    on, _ = await _talk(qwen, settings, world, "ferrywoman", lines)
+    first, second, third = on
+    # Each greeting begins with a catchphrase not yet said, and the model goes on from it.
+    assert lead(first) is not None and lead(second) is not None, on
+    assert lead(first) != lead(second), on
+    assert len(normalise(first).split()) > len(str(lead(first)).split()), first
+    # Both said: the third greeting is answered freely, and the model's own words stay clean.
+    assert lead(third) is None, on
+    assert not any(assistant_phrases(reply) for reply in on), on

@@ -1444,15 +1444,17 @@ def quality_settings(
 ) -> MythicSettings:
     """The settings of one configuration. Both: memory off, no file watcher, no voice, no
     background warm-up, no adapter training, a fixed seed. `baseline` also: retrieval off, no
-    adapters (`no_adapters`: an empty registry), the reply filter off when there is one."""
+    adapters (`no_adapters`: an empty registry), the reply filter and the catchphrase greeting
+    off when there are such settings."""
     knowledge: dict[str, Any] = {"watch": False}
     archetypes: dict[str, Any] = {"provision": "off"}
     dialogue: dict[str, Any] = {}
     if name == "baseline":
         knowledge["retrieval"] = "off"
         archetypes["registry"] = str(no_adapters)
-        if "line_filter" in type(settings.dialogue).model_fields:
-            dialogue["line_filter"] = False
+        for switch in ("line_filter", "greet_with_catchphrase"):
+            if switch in type(settings.dialogue).model_fields:
+                dialogue[switch] = False
     return settings.model_copy(
         update={
             "engine": settings.engine.model_copy(update={"seed": seed}),
@@ -1476,6 +1478,7 @@ def _summary(settings: MythicSettings, world: World, name: Configuration) -> dic
         "retrieval": settings.knowledge.retrieval,
         "adapters": registry or "none (no registry)",
         "line_filter": getattr(settings.dialogue, "line_filter", None),
+        "greet_with_catchphrase": getattr(settings.dialogue, "greet_with_catchphrase", None),
         "decide": settings.dialogue.decide,
         "seed": settings.engine.seed,
         "chat": settings.chat.model_dump(mode="json"),

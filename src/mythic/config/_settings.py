@@ -300,6 +300,12 @@ class DialogueSettings(_Section):
     """Times a reply caught by `line_filter` before its first words is generated again; when
     every try is caught, the NPC says a short in-character refusal instead."""
 
+    greet_with_catchphrase: bool = True
+    """A reply to a greeting ("Good evening!", "Hello there") begins with one of the card's
+    catchphrases that the NPC has not yet said in the conversation ("Sugar, ..."), and the
+    model goes on from it: the player meets the character its card describes. Once every
+    catchphrase was said in a conversation, greetings are answered freely."""
+
     @field_validator("first_phrase_words")
     @classmethod
     def _first_phrase_words_zero_or_three(cls, value: int) -> int:

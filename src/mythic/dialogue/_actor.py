@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 import time
 import zlib
 from collections import deque
@@ -50,7 +51,10 @@ from mythic.dialogue._naturalness import (
     Finding,
     LineFilter,
     deflection,
+    greeting_lead,
+    greets,
     name_forms,
+    opening,
     reminder,
     secrets_of,
     sentences,
@@ -950,18 +954,34 @@ class NPCActor:
         retell: Callable[[], Awaitable[Sequence[ChatMessage]]],
     ) -> AsyncGenerator[str, None]:
         """Stream the reply to `user` through the line filter (`dialogue.line_filter`): each
-        clause leaves once checked. A reply caught before its first words is generated again,
-        sampled, with a reminder of what went wrong after the player's line (not kept in the
-        history), up to `dialogue.regenerate_tries` times, then the NPC refuses in a short
-        line; one caught later ends where it was caught."""
+        clause leaves once checked. A reply caught is generated again, sampled, with a
+        reminder of what went wrong after the player's line (not kept in the history), up to
+        `dialogue.regenerate_tries` times, then the NPC refuses in a short line. One caught
+        after a whole sentence left ends there; one caught mid-sentence is generated again
+        from the words already said (they are the new try's start), so the player never
+        hears half a sentence ("I'm sorry,"). A greeting's reply begins with a catchphrase
+        (`_lead`), checked with the model's first words and sent with them."""
         dialogue = self.cast.settings.dialogue
+        lead = self._lead(out.line, history)
         if not dialogue.line_filter:
-            async for text in self._generate(out, history, *out.told, user, retell=retell):
-                yield text
+            if lead:
+                yield lead
+            reply = self._generate(out, history, *out.told, user, retell=retell, lead=lead)
+            async with contextlib.aclosing(reply):
+                async for text in reply:
+                    yield text
             return
         sampling = chat_sampling(self.cast.settings.chat)
         extra: tuple[ChatMessage, ...] = ()
         finding: Finding | None = None
+        given = ""  # what the player has been sent of this reply
+
+        def fresh(released: str) -> str:
+            """What the filter has released that was not sent yet (the try began with it)."""
+            if released.startswith(given):
+                return released[len(given) :]
+            return released[len(given.rstrip()) :]
+
         for attempt in range(dialogue.regenerate_tries + 1):
             check = self._line_filter(history, user.content)
             out.reason = "stop"
@@ -970,44 +990,62 @@ class NPCActor:
                 return [*(await retell()), *note]
 
             reply = self._generate(
-                out, history, *out.told, user, *extra, retell=again, sampling=sampling
+                out, history, *out.told, user, *extra, retell=again, sampling=sampling, lead=lead
             )
+            # The lead is checked with the model's first words and leaves with them: a try
+            # caught right after it is generated again rather than cut to "Sugar,".
+            held = lead
             finding = None
             async with contextlib.aclosing(reply):
                 async for text in reply:
-                    released, finding = check.push(text)
-                    if released:
-                        yield released
+                    _, finding = check.push(held + text)
+                    held = ""
+                    if len(check.released) > len(lead) and fresh(check.released):
+                        yield fresh(check.released)
+                        given = check.released
                     if finding is not None:
                         break
+            if finding is None and held:  # the model said nothing after the lead
+                _, finding = check.push(held)
             if finding is None:
-                released, finding = check.finish()
-                if released:
-                    yield released
+                _, finding = check.finish()
             if finding is None:
+                if fresh(check.released):
+                    yield fresh(check.released)
                 return
             self.cast.stats.caught[finding.kind] += 1
             out.caught.append(finding.kind)
+            ended = re.search(r"[.!?…][\"')\]]*\s*$", given) is not None
             log.info(
                 "%s: reply caught on try %d (%s: %r)%s",
                 self.npc_id,
                 attempt + 1,
                 finding.kind,
                 finding.detail,
-                ", cut there" if check.released.strip() else "",
+                ", ended there" if ended else (", going on from what was said" if given else ""),
             )
-            if check.released.strip():
+            if ended:
                 out.reason = "stop"
                 return
+            if given:
+                lead = given.rstrip()
             extra = (ChatMessage("system", reminder(finding.kind, self.short_name)),)
             sampling = dataclasses.replace(
                 sampling,
                 temperature=max(sampling.temperature, 0.8),
                 seed=zlib.crc32(f"{user.content}\0{attempt}".encode()),
+                # A repeat comes back at any temperature (the conversation so far leads the
+                # model into it): the next try pays a steeper price for every repeated token.
+                dry_multiplier=(
+                    max(4.0, sampling.dry_multiplier)
+                    if finding.kind == "repeat"
+                    else sampling.dry_multiplier
+                ),
             )
         assert finding is not None
         out.reason = "stop"
-        yield deflection(finding.kind, out.line.turn_id)
+        if not given:
+            yield deflection(finding.kind, out.line.turn_id)
 
     def _line_filter(self, history: list[ChatMessage], line: str) -> LineFilter:
         """The checks of one reply in a conversation whose messages so far are `history`."""
@@ -1018,9 +1056,22 @@ class NPCActor:
             secrets=self.secrets,
             heard=" ".join([*heard, line]),
             earlier=[s for text in said for s in sentences(text)],
+            openings=[opening(text) for text in said],
             instructions=self.instructions,
+            own=self.persona.catchphrases,
             hold_words=self.cast.settings.dialogue.first_phrase_words,
         )
+
+    def _lead(self, line: PlayerLine, history: list[ChatMessage]) -> str:
+        """How the reply to `line` begins: a catchphrase not yet said when the line greets
+        (`dialogue.greet_with_catchphrase`), else "" (the model begins it)."""
+        catchphrases = self.persona.catchphrases
+        if not (self.cast.settings.dialogue.greet_with_catchphrase and catchphrases):
+            return ""
+        if not greets(line.text):
+            return ""
+        said = [m.content for m in history if m.role == "assistant"]
+        return greeting_lead(catchphrases, said, f"{line.session_id}\0{len(said)}")
 
     async def _generate(
         self,
@@ -1029,10 +1080,12 @@ class NPCActor:
         *tail: ChatMessage,
         retell: Callable[[], Awaitable[Sequence[ChatMessage]]] | None = None,
         sampling: Sampling | None = None,
+        lead: str = "",
     ) -> AsyncGenerator[str, None]:
         """Stream a reply to `tail`, dropping the oldest exchanges while the prompt overflows
         the context (`_open_fitted`); the engine's finish reason lands in `out.reason`.
-        `sampling`: the chat settings' when None.
+        `sampling`: the chat settings' when None; `lead`: the reply's start, which the model
+        continues (not streamed here).
 
         Raises:
             ContextOverflowError: even the persona and `tail` alone do not fit.
@@ -1045,6 +1098,7 @@ class NPCActor:
             "tool_dialogue" if out.tool_calls else "dialogue",
             canned=self.canned(out.line.turn_id),
             retell=retell,
+            lead=lead,
         )
         async with stream:
             async for delta in stream:
@@ -1069,6 +1123,7 @@ class NPCActor:
         retell: Callable[[], Awaitable[Sequence[ChatMessage]]] | None = None,
         room: int = 0,
         finish_step_on_cancel: bool = False,
+        lead: str = "",
     ) -> RoutedStream:
         """Open a reply to `tail` with as much of the session's conversation as the model's
         context holds. While the prompt overflows, the window's start jumps to the newest half
@@ -1094,6 +1149,7 @@ class NPCActor:
                 sampling=sampling,
                 room_tokens=room,
                 finish_step_on_cancel=finish_step_on_cancel,
+                continue_text=lead,
             )
             try:
                 return await self._open(request, kind, AdapterTask.DIALOGUE_STYLE, canned=canned)

@@ -53,8 +53,9 @@ class GenerationRequest:
     evaluate a shared prefix, a persona): the sequence is dropped when the request ends and
     only the prefix it shared stays cached, holding no sequence slot of its own."""
     continue_text: str = ""
-    """Reply text already given (by an endpoint that failed mid-stream): the prompt ends with
-    it and the generation continues it. Only with `messages`."""
+    """Reply text already given (the start its caller chose, as an NPC's greeting; what an
+    endpoint that failed mid-stream had said): the prompt ends with it and the generation
+    continues it. Only with `messages`."""
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 

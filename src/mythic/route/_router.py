@@ -461,13 +461,13 @@ class RoutedStream:
                     except DeadlineExceeded:  # every slot busy until the deadline
                         raise _Deadline() from None
                     endpoint = state.endpoint
-                    if said and not endpoint.can_continue:
+                    if (said or request.continue_text) and not endpoint.can_continue:
                         state.breaker.release()
                         self.attempts.append((endpoint.name, "cannot continue"))
                         break
                     sub = replace(
                         request,
-                        continue_text=said,
+                        continue_text=request.continue_text + said,
                         request_id=f"{request.request_id}-{len(self.attempts)}",
                         deadline_s=(
                             None if deadline is None else max(0.001, deadline - router.clock())
