@@ -205,6 +205,22 @@ async def test_an_endpoint_that_cannot_continue_is_skipped_then_the_line_is_cann
     assert not b.seen
 
 
+async def test_a_reply_given_its_start_keeps_it_through_a_fallback() -> None:
+    # A greeting's reply begins with a catchphrase the model continues; an endpoint that
+    # fails mid-stream hands the fallback that start and what it said after it.
+    a, b = Scripted("a", ["drop"]), Scripted("b", ["ok"])
+    router = router_for({"endpoints": ["a"], "fallback": ["b"], "retries": 0}, [a, b])
+    done = await router.complete(request(continue_text="Sugar,"), "dialogue", canned="...")
+    assert done.text == "[a][b] done"
+    assert a.seen[0].continue_text == "Sugar,"
+    assert b.seen[0].continue_text == "Sugar,[a]"
+    # An endpoint that cannot continue a reply is not given one that has a start.
+    c = Scripted("c", ["ok"], can_continue=False)
+    router = router_for({"endpoints": ["c"], "retries": 0}, [c])
+    done = await router.complete(request(continue_text="Sugar,"), "dialogue", canned="Hm.")
+    assert done.text == "Hm." and not c.seen
+
+
 async def test_invalid_requests_are_not_retried_and_raise_when_all_refuse() -> None:
     a, b = Scripted("a", ["invalid", "invalid"]), Scripted("b", ["invalid"])
     router = router_for({"endpoints": ["a"], "fallback": ["b"], "retries": 3}, [a, b])
