@@ -21,6 +21,7 @@ from mythic.dialogue import (
     secrets_of,
     sentences,
 )
+from mythic.knowledge import PROMPT_RULES
 
 pytestmark = pytest.mark.unit
 
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.unit
         "Based on the lore, the tavern opens at six.",
         "Certainly! You can sort a list in Python using sorted().",
         "Here's a function that adds two numbers.",
+        "You could write that in C++.",
     ],
 )
 def test_assistant_phrasing_is_found(text: str) -> None:
@@ -205,6 +207,11 @@ def test_reading_a_rule_of_the_card_back_is_an_echo() -> None:
         ("History is long here.", False),
         ("Evening is when the bells ring.", False),
         ("I said hello to the sheriff.", False),
+        ("Good night!", False),
+        ("Hail's been bad this year.", False),
+        ("Evening's the best time to fish.", False),
+        ("Morning tide?", False),
+        ("Hail, stranger.", True),
     ],
 )
 def test_a_greeting_is_known_by_its_first_words(line: str, greeting: bool) -> None:
@@ -257,3 +264,28 @@ def test_a_reply_that_opens_as_an_earlier_one_did_is_a_repeat_however_short() ->
     assert finding is None and released == "Aye, the weather is fine. "
     line = "The weather is fine, salt and silence. "
     assert LineFilter(openings=openings).push(line) == (line, None)
+
+
+def test_reading_the_prompts_own_sentences_back_is_an_echo() -> None:
+    said = "Well, I am a person of this world, not an assistant, talking with a traveller."
+    assert echoes(said, PROMPT_RULES) is not None
+    assert echoes("I know nothing of computers, code, AI or any world but this.", PROMPT_RULES)
+    assert echoes("I'm Marla, and I keep this tavern in my own way.", PROMPT_RULES) is None
+
+
+def test_a_taboo_that_begins_with_a_name_keeps_it_and_lone_nouns_are_no_secret() -> None:
+    secrets = secrets_of(
+        [
+            "Cole Varner killed the harbourmaster",
+            "That the Church pays her in the month of Thaw",
+            "Where the Mother Vein runs",
+            "That Deputy Cole Varner's throat was torn",
+        ],
+        public=["A river town."],
+    )
+    assert [s.terms for s in secrets] == [
+        ("Cole Varner",),
+        (),
+        ("Mother Vein",),
+        ("Cole Varner",),
+    ]

@@ -218,7 +218,15 @@ async def test_a_reply_given_its_start_keeps_it_through_a_fallback() -> None:
     c = Scripted("c", ["ok"], can_continue=False)
     router = router_for({"endpoints": ["c"], "retries": 0}, [c])
     done = await router.complete(request(continue_text="Sugar,"), "dialogue", canned="Hm.")
-    assert done.text == "Hm." and not c.seen
+    assert done.text == " Hm." and not c.seen
+    assert not router.can_continue("dialogue")  # so the NPC gives no start to such a tier
+    a, b = Scripted("a", []), Scripted("b", [])
+    assert router_for({"endpoints": ["a"], "fallback": ["b"]}, [a, b]).can_continue("dialogue")
+    # The canned line after a given start is a sentence of its own: "Sugar, Hm."
+    d = Scripted("d", ["fail"])
+    router = router_for({"endpoints": ["d"], "retries": 0}, [d])
+    done = await router.complete(request(continue_text="Sugar,"), "dialogue", canned="Hm.")
+    assert done.text == " Hm."
 
 
 async def test_invalid_requests_are_not_retried_and_raise_when_all_refuse() -> None:

@@ -83,6 +83,7 @@ from mythic.engine import (
 from mythic.knowledge import (
     HEADERS,
     MORE_LORE,
+    PROMPT_RULES,
     Query,
     SceneState,
     intent_prompt,
@@ -304,9 +305,10 @@ class NPCActor:
         public = [world.card.description, persona.style, *persona.rules]
         public += [f"{zone.name}: {zone.description}" for zone in world.card.zones.values()]
         public += [npc.name for npc in world.npcs.values()]
+        public += persona.catchphrases  # its own words: said on every greeting
         self.secrets = secrets_of(persona.taboos, public)
         """Each taboo's giveaway words: the line filter keeps them from the replies."""
-        self.instructions = [persona.style, *persona.rules, *persona.taboos]
+        self.instructions = [persona.style, *persona.rules, *persona.taboos, *PROMPT_RULES]
         section = knowledge.persona(self.npc_id) if knowledge is not None else None
         full = knowledge is None
         prompt = persona_prompt(cast.world, self.persona, section, full=full)
@@ -964,12 +966,11 @@ class NPCActor:
         dialogue = self.cast.settings.dialogue
         lead = self._lead(out.line, history)
         if not dialogue.line_filter:
-            if lead:
-                yield lead
             reply = self._generate(out, history, *out.told, user, retell=retell, lead=lead)
             async with contextlib.aclosing(reply):
                 async for text in reply:
-                    yield text
+                    yield lead + text  # the lead leaves with the model's first words
+                    lead = ""
             return
         sampling = chat_sampling(self.cast.settings.chat)
         extra: tuple[ChatMessage, ...] = ()
@@ -1000,7 +1001,7 @@ class NPCActor:
                 async for text in reply:
                     _, finding = check.push(held + text)
                     held = ""
-                    if len(check.released) > len(lead) and fresh(check.released):
+                    if len(check.released.rstrip()) > len(lead) and fresh(check.released):
                         yield fresh(check.released)
                         given = check.released
                     if finding is not None:
@@ -1044,8 +1045,8 @@ class NPCActor:
             )
         assert finding is not None
         out.reason = "stop"
-        if not given:
-            yield deflection(finding.kind, out.line.turn_id)
+        # Every try caught: the NPC refuses, breaking off what it had begun to say.
+        yield ("— " if given else "") + deflection(finding.kind, out.line.turn_id)
 
     def _line_filter(self, history: list[ChatMessage], line: str) -> LineFilter:
         """The checks of one reply in a conversation whose messages so far are `history`."""
@@ -1068,8 +1069,8 @@ class NPCActor:
         catchphrases = self.persona.catchphrases
         if not (self.cast.settings.dialogue.greet_with_catchphrase and catchphrases):
             return ""
-        if not greets(line.text):
-            return ""
+        if not greets(line.text) or not self.cast.router.can_continue("dialogue"):
+            return ""  # a remote endpoint without continue_final_message: the model begins
         said = [m.content for m in history if m.role == "assistant"]
         return greeting_lead(catchphrases, said, f"{line.session_id}\0{len(said)}")
 

@@ -58,7 +58,7 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("markdown", r"(^|\n)\s*(#{1,6} |\*\*|[-*] \*\*|\d+\. \*\*)"),
         ("code", r"```|\bdef \w+\(|\bimport \w+|\bprint\(|\breturn \w+[;(]|console\.log|\w+\(\);"
                  r"|\bhere'?s (a|the|an|your) (code|function|script|program|snippet)\b"
-                 r"|\b(in|using|with) (Python|JavaScript|TypeScript|Java|C\+\+|SQL)\b"
+                 r"|\b(in|using|with) (Python|JavaScript|TypeScript|Java|C\+\+|SQL)(?!\w)"
                  r"|\b(Python|JavaScript|TypeScript|Java|C\+\+|SQL) (code|function|script"
                  r"|program|snippet|class|library)\b|\bprogramming language\b"),
     )
@@ -165,8 +165,10 @@ def secrets_of(taboos: Iterable[str], public: Iterable[str]) -> list[Secret]:
         found: list[str] = []
         for match in _CAPITALISED_RUN.finditer(taboo):
             words = re.sub(r"'s$", "", match.group(0)).split()  # "Cole Varner's throat"
-            if match.start() == 0 and words[0].lower() not in _TITLES:
-                words = words[1:]  # capitalised as the taboo's first word: "Taking a bribe"
+            if match.start() == 0 and words[0].lower() not in _TITLES and len(words) != 2:
+                # Capitalised as the taboo's first word ("Taking a bribe", "That Deputy Cole
+                # Varner"); two words there are a name ("Cole Varner killed ...").
+                words = words[1:]
             while words and words[0].lower() in _COMMON:
                 words = words[1:]
             titled = words[:2] if len(words) == 2 and words[0].lower() in _TITLES else []
@@ -264,9 +266,11 @@ def begins_as(start: str, earlier: Iterable[str], *, min_words: int = 5) -> str 
 
 
 _GREETING = re.compile(
-    r"^\W*(hello|hallo|hullo|hi|hiya|hey|heya|greetings|salutations|howdy|ahoy|hail|well met"
-    r"|good (morning|afternoon|evening|day|morrow|night)|g'?day|(morning|evening|afternoon)\b"
-    r"(?!\s+(is|was|will|comes|came|bell)))\b",
+    r"^\W*(?:(?:hello|hallo|hullo|hi|hiya|hey|heya|greetings|salutations|howdy|ahoy|well met"
+    r"|good (?:morning|afternoon|evening|day|morrow)|g'?day)\b"
+    # "Evening!", "Hail, friend": not "Evening's the best time", "Morning tide?".
+    r"|(?:hail|morning|evening|afternoon)(?=\s*(?:[,.!]|$|\s(?:all|friend|there|to you|stranger"
+    r"|traveller|sir|madam)\b)))",
     re.IGNORECASE,
 )
 
@@ -286,7 +290,7 @@ def greeting_lead(catchphrases: Sequence[str], said: Iterable[str], key: str) ->
     unused = [c.strip() for c in catchphrases if normalise(c) and f" {normalise(c)} " not in heard]
     if not unused:
         return ""
-    phrase = unused[zlib.crc32(key.encode()) % len(unused)].rstrip(",;:")
+    phrase = unused[zlib.crc32(key.encode()) % len(unused)].strip(" \"'\u201c\u201d").rstrip(",;:")
     phrase = phrase[:1].upper() + phrase[1:]
     # No space after it: the model's next token brings its own (a token that begins
     # without one, after a prompt ending in a space, is a number or a fragment).
@@ -301,7 +305,8 @@ def opening(reply: str) -> str:
 
 def _without(text: str, own: Sequence[str]) -> str:
     for line in own:
-        text = re.sub(re.escape(line), " ", text, flags=re.IGNORECASE)
+        if normalise(line):
+            text = re.sub(rf"(?<!\w){re.escape(line.strip())}(?!\w)", " ", text, flags=re.I)
     return text
 
 
@@ -333,7 +338,7 @@ class LineFilter:
     openings: Sequence[str] = ()
     """The first clauses of the NPC's earlier replies (`opening`): a reply that begins as
     one of them did ("Salt and silence, ...", then again "Salt and silence, ...") is a
-    repeat, however short; one word ("Aye,") may recur."""
+    repeat, from three words; shorter ones ("Aye,", "Of course,") may recur."""
     own: Sequence[str] = ()
     """The card's catchphrases: the NPC's own words, said as they are (one may name the NPC
     in the third person, "Grisk has just the thing"), so not narration or an echo."""
@@ -397,7 +402,7 @@ class LineFilter:
             return Finding("echo", echo)
         if not self.released and not self._sentence and not self._said:
             first = opening(piece)
-            if len(first.split()) > 1 and first in self.openings:
+            if len(first.split()) > 2 and first in self.openings:
                 return Finding("repeat", first)
         before = [*self.earlier, *self._said]
         # A sentence is released clause by clause: one that has begun as an earlier one did,

@@ -64,7 +64,7 @@ def world_chunks(
         groups[zone] = []
     card = world.card
     premise = [f"{card.description}"] + [
-        f"{z.name} ({zone_id}): {z.description}" for zone_id, z in card.zones.items()
+        f"{z.name}: {z.description}" for z in card.zones.values()
     ]
     groups[WORLD_SHARD] += chunk_text(
         "\n\n".join(premise),

@@ -165,6 +165,13 @@ class Router:
         """The settings of the tier a request of `kind` would go to (tools, retrieval)."""
         return self.tier(self.policy.decide(kind, **facts).tier)
 
+    def can_continue(self, kind: str) -> bool:
+        """Whether every endpoint a request of `kind` may go to (its tier's and their
+        fallbacks) can continue a reply from a given start (`GenerationRequest.continue_text`)."""
+        tier = self.tier_of(kind)
+        names = (*tier.endpoints, *tier.fallback)
+        return all(self.states[name].endpoint.can_continue for name in names)
+
     def engines(self) -> dict[str, Engine]:
         """The embedded engines, by endpoint name (one engine may serve several names)."""
         return {
@@ -532,7 +539,7 @@ class RoutedStream:
             router.usage.record(self.tier, request.npc_id, self.kind, "failed")
             tried = ", ".join(f"{n}: {o}" for n, o in self.attempts) or "none available"
             raise NoEndpointError(f"no endpoint of tier {self.tier} answered ({tried})")
-        text = self.canned if not said else f" {self.canned}"
+        text = self.canned if not (said or request.continue_text) else f" {self.canned}"
         self.served_by = "canned"
         router.fallbacks[(self.tier, "canned")] += 1
         now = router.clock()
