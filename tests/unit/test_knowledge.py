@@ -81,6 +81,19 @@ def test_chunks_respect_size_overlap_and_keep_their_title(tmp_path: Path) -> Non
             assert any(f"Fact {i}.{j} " in line for line in every)
 
 
+def test_a_paragraph_is_cut_into_sentences_but_not_at_a_titles_abbreviation() -> None:
+    body = (
+        "Anselm Crane has been Prior of St. Veyra's Cathedral since 598. Mr. Blackwood owns "
+        "the No. 9 drift. It pays 2.5 stakes a ton."
+    )
+    chunks = chunk_text(body, id_prefix="x.md", title="T", source="lore", zone=None, size=256)
+    assert chunks[0].lines[1:] == [
+        "Anselm Crane has been Prior of St. Veyra's Cathedral since 598.",
+        "Mr. Blackwood owns the No. 9 drift.",
+        "It pays 2.5 stakes a ton.",
+    ]
+
+
 # -- packing: budgets are never exceeded ----------------------------------------------------------
 
 words = st.text(alphabet=string.ascii_letters + "  .,'-0123456789", min_size=1, max_size=60)

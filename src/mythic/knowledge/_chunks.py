@@ -17,7 +17,36 @@ from mythic.knowledge._tokens import TokenCounter, approx_tokens, fit_tokens
 
 Source = Literal["lore", "world", "persona"]
 
-_SENTENCE = re.compile(r"(?<=[a-z)][.!?])\s+(?=[A-Z\"'(])")
+# A sentence ends at . ! ? before a capital, but not after a title's abbreviation: "St. Veyra's
+# Cathedral", "Mr. Blackwood" are one sentence (split, the fact loses its subject).
+_ABBREVIATIONS = (
+    "St",
+    "Mr",
+    "Mrs",
+    "Ms",
+    "Dr",
+    "Mt",
+    "Ft",
+    "Jr",
+    "Sr",
+    "Sgt",
+    "Capt",
+    "Lt",
+    "Col",
+    "Gen",
+    "Rev",
+    "Fr",
+    "Prof",
+    "No",
+    "Nos",
+    "vs",
+    "Mme",
+    "Mlle",
+    "Messrs",
+)
+_SENTENCE = re.compile(
+    "".join(rf"(?<!\b{a}\.)" for a in _ABBREVIATIONS) + r"(?<=[a-z0-9)][.!?])\s+(?=[A-Z\"'(])"
+)
 
 
 @dataclass(frozen=True, slots=True)
