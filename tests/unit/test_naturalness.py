@@ -9,6 +9,7 @@ import pytest
 from mythic.dialogue import (
     LineFilter,
     PhraseBuffer,
+    admitted,
     assistant_phrases,
     echoes,
     greeting_lead,
@@ -41,6 +42,8 @@ pytestmark = pytest.mark.unit
         "Certainly! You can sort a list in Python using sorted().",
         "Here's a function that adds two numbers.",
         "You could write that in C++.",
+        "Sure, I can help you with that!",
+        "I'm Abel, a trapper, not an assistant.",
     ],
 )
 def test_assistant_phrasing_is_found(text: str) -> None:
@@ -289,3 +292,25 @@ def test_a_taboo_that_begins_with_a_name_keeps_it_and_lone_nouns_are_no_secret()
         ("Mother Vein",),
         ("Cole Varner",),
     ]
+
+
+def test_owning_up_to_a_secret_identity_is_a_leak_whoever_named_it() -> None:
+    secrets = secrets_of(["That he is the Pass Wolf, or that he is a werewolf"], ["Pass Wolf"])
+    assert secrets[0].identities == ("Pass Wolf", "werewolf")
+    assert admitted("Yes, I am the Pass Wolf.", secrets) == ["Pass Wolf"]
+    assert admitted("Aye, I'm a werewolf and worse.", secrets) == ["werewolf"]
+    assert admitted("The Pass Wolf hunts the turns, I am told.", secrets) == []
+    assert admitted("I am no werewolf.", secrets) == []
+    check = LineFilter(secrets=secrets, heard="Are you the Pass Wolf?")
+    _, finding = check.push("Yes, I am the Pass Wolf. ")
+    assert finding is not None and finding.kind == "taboo"
+
+
+def test_reading_out_the_cards_catchphrases_is_an_echo() -> None:
+    own = ["tobacco", "knock three", "dark down here"]
+    _, finding = LineFilter(own=own).push("Tobacco, knock three, dark down here. ")
+    assert finding is not None and finding.kind == "echo"
+    _, finding = LineFilter(own=own).push("Dark down here, friend, dark down here. ")
+    assert finding is not None and finding.kind == "echo"
+    line = "Knock three, friend, and mind the tobacco. "
+    assert LineFilter(own=own).push(line) == (line, None)

@@ -209,7 +209,8 @@ def test_replies_are_judged_by_the_shared_checks() -> None:
     assert not narrated.passed and narrated.narration
     # The scorecard's additions to the shared list, and a reply echoing its instructions.
     code = _reply(plan, off_topic, "Certainly! Here's a simple Python function: `sorted(xs)`")
-    assert not code.passed and {"assistant opener", "programming"} <= set(code.more_assistant)
+    assert not code.passed and "programming" in code.more_assistant
+    assert "assistant opener" in code.assistant  # in the shared list, which the filter uses
     assert _reply(plan, off_topic, "A python? Not in my kitchen, dearie.").passed
     world = load_world(TINY)
     instructions = persona_prompt(world, world.npc("hilda"), None, full=False)

@@ -117,17 +117,12 @@ PROMPT_ECHO_WORDS = 5
 MORE_ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (label, re.compile(pattern, re.IGNORECASE))
     for label, pattern in (
-        ("assistant opener",
-         r"^\W*(certainly|sure|absolutely|of course)\b[!,.]?\s+(here'?s|here is|you can|i can)\b"),
         ("here's the code",
          r"\bhere'?s (a|an|the|some) (simple |quick |short |small )?(python |javascript )?"
          r"(function|code|script|snippet|implementation|program)\b"),
         ("programming",
          r"(?-i:\b(Python|JavaScript|TypeScript|C\+\+|SQL|HTML)\b)"
          r"|\b(programming language|source code)\b|`[^`\n]{1,60}`"),
-        ("not an assistant",
-         r"\b(not|never) (an? |just an? )?(ai|a\.i\.|assistant|language model|chat ?bot|"
-         r"computer program|bot)\b"),
     )
 )  # fmt: skip
 # A place asked the way to is answered with a direction or a place's name.

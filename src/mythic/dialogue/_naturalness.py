@@ -56,6 +56,12 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
          r"\b(video game|role-?play(ing)?|fictional character|in-character|non-player character"
          r"|game character|as a character)\b"),
         ("markdown", r"(^|\n)\s*(#{1,6} |\*\*|[-*] \*\*|\d+\. \*\*)"),
+        ("assistant opener",
+         r"^\W*(certainly|sure|absolutely|of course)\b[!,.]?\s+(here'?s|here is|you can|i can)\b"
+         r"|\bI can help you with (that|this)\b"),
+        ("not an assistant",
+         r"\b(not|never) (an? |just an? )?(ai|a\.i\.|assistant|language model|chat ?bot|"
+         r"computer program|bot)\b"),
         ("code", r"```|\bdef \w+\(|\bimport \w+|\bprint\(|\breturn \w+[;(]|console\.log|\w+\(\);"
                  r"|\bhere'?s (a|the|an|your) (code|function|script|program|snippet)\b"
                  r"|\b(in|using|with) (Python|JavaScript|TypeScript|Java|C\+\+|SQL)(?!\w)"
@@ -150,6 +156,10 @@ class Secret:
 
     taboo: str
     terms: tuple[str, ...]
+    identities: tuple[str, ...] = ()
+    """What the taboo says the NPC secretly is ("That he is the Pass Wolf, or that he is a
+    werewolf": Pass Wolf, werewolf): the NPC saying it is one ("I am the Pass Wolf") gives
+    it away even when the player named it first."""
 
 
 def secrets_of(taboos: Iterable[str], public: Iterable[str]) -> list[Secret]:
@@ -189,8 +199,38 @@ def secrets_of(taboos: Iterable[str], public: Iterable[str]) -> list[Secret]:
                 continue
             if term.lower() not in (t.lower() for t in terms):
                 terms.append(term)
-        secrets.append(Secret(taboo, tuple(terms)))
+        secrets.append(Secret(taboo, tuple(terms), identities_of(taboo)))
     return secrets
+
+
+_IDENTITY = re.compile(
+    r"\bthat (?:he|she|they|it) (?:is|was|are|were) (?:really |secretly |truly )?"
+    r"(?:the |a |an )?([\w' -]+?)(?=\s*(?:[,;.]|\bor\b|\band\b|$))",
+    re.IGNORECASE,
+)
+
+
+def identities_of(taboo: str) -> tuple[str, ...]:
+    """What a taboo says the NPC secretly is: "That he is the Pass Wolf, or that he is a
+    werewolf" gives ("Pass Wolf", "werewolf")."""
+    found = [m.group(1).strip() for m in _IDENTITY.finditer(taboo)]
+    return tuple(dict.fromkeys(f for f in found if f and len(f.split()) <= 4))
+
+
+def admitted(text: str, secrets: Sequence[Secret]) -> list[str]:
+    """The secret identities `text` owns up to in the first person ("I am the Pass Wolf",
+    "I'm a werewolf"), whoever named them first."""
+    out = []
+    for secret in secrets:
+        for identity in secret.identities:
+            words = r"\s+".join(re.escape(w) for w in identity.split())
+            pattern = (
+                rf"\bI(?:'m|\s+am|\s+was)\s+(?:\w+ly\s+|in fact\s+)?(?:the\s+|a\s+|an\s+)?"
+                rf"{words}(?!\w)"
+            )
+            if re.search(pattern, text, re.IGNORECASE):
+                out.append(identity)
+    return out
 
 
 def leaked(text: str, secrets: Sequence[Secret], heard: str = "") -> list[str]:
@@ -303,6 +343,17 @@ def opening(reply: str) -> str:
     return normalise(reply[: match.start()] if match else reply)
 
 
+def said_of(text: str, phrases: Sequence[str]) -> list[str]:
+    """The `phrases` (catchphrases) that `text` says, whole words, in any case."""
+    said = f" {normalise(text)} "
+    return [p for p in phrases if normalise(p) and f" {normalise(p)} " in said]
+
+
+def _twice(text: str, phrases: Sequence[str]) -> bool:
+    said = f" {normalise(text)} "
+    return any(said.count(f" {normalise(p)} ") > 1 for p in phrases)
+
+
 def _without(text: str, own: Sequence[str]) -> str:
     for line in own:
         if normalise(line):
@@ -347,6 +398,8 @@ class LineFilter:
     _held: str = ""
     _sentence: str = ""
     _said: list[str] = field(default_factory=list)
+    _passed: str = ""
+    """Every clause checked so far (released, or about to be)."""
 
     def push(self, text: str) -> tuple[str, Finding | None]:
         self._held += text
@@ -361,6 +414,7 @@ class LineFilter:
                 self._held = ""
                 return self._release("".join(out)), finding
             out.append(piece)
+            self._passed += piece
         return self._release("".join(out)), None
 
     def finish(self) -> tuple[str, Finding | None]:
@@ -394,9 +448,14 @@ class LineFilter:
         narration = narrates_self(spoken, self.forms)
         if narration is not None:
             return Finding("narration", narration)
-        leaks = leaked(sentence, self.secrets, self.heard)
+        leaks = leaked(sentence, self.secrets, self.heard) or admitted(sentence, self.secrets)
         if leaks:
             return Finding("taboo", leaks[0])
+        listed = said_of(self._passed + piece, self.own)
+        if len(listed) > 2 or _twice(self._passed + piece, listed):
+            # "Tobacco, knock three, dark down here", "A sound investment, a sound
+            # investment": the card read out. Two may go together ("Sugar, what'll it be?").
+            return Finding("echo", " / ".join(listed))
         echo = echoes(spoken, self.instructions)
         if echo is not None:
             return Finding("echo", echo)

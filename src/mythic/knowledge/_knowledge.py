@@ -63,9 +63,7 @@ def world_chunks(
     for zone in world.card.zones:
         groups[zone] = []
     card = world.card
-    premise = [f"{card.description}"] + [
-        f"{z.name}: {z.description}" for z in card.zones.values()
-    ]
+    premise = [f"{card.description}"] + [f"{z.name}: {z.description}" for z in card.zones.values()]
     groups[WORLD_SHARD] += chunk_text(
         "\n\n".join(premise),
         id_prefix="world.yaml",
