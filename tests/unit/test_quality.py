@@ -19,6 +19,7 @@ from mythic.cli._quality import (
     Probe,
     Reply,
     build_plan,
+    code_version,
     conversation_stats,
     expected,
     judge,
@@ -264,8 +265,9 @@ def test_the_scorecard_json_and_table_show_both_configurations_and_the_targets()
         replies += [_reply(plan, p, "Evening, dearie.") for p in npc.conversation]
         stats = conversation_stats(replies[1:])
         runs.append(ConfigRun(name, {"retrieval": "x"}, {"hilda": replies}, {"hilda": stats}, 2.0))  # type: ignore[arg-type]
-    report = scorecard(plan, runs, model="m", seconds=5.0)
+    report = scorecard(plan, runs, model="m", seconds=5.0, code=code_version())
     assert report["checks"] == list(CHECKS) and report["npcs"] == ["hilda"]
+    assert report["code"]  # this checkout's commit: what the run measured
     mythic = report["configurations"]["mythic"]
     assert mythic["totals"]["lore"] == {"passed": 1, "of": 1, "rate": 1.0}
     assert report["configurations"]["baseline"]["totals"]["lore"]["rate"] == 0.0

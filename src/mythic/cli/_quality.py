@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import re
+import subprocess
 import tempfile
 import time
 import urllib.error
@@ -256,10 +257,13 @@ def run_command(
                 out.print(f"    -> {reply.error or reply.text!r}")
 
         started = time.perf_counter()
+        code = code_version()  # before the run: a commit made during it is not what it ran
         runs, model = asyncio.run(
             run_quality(settings, plan, configurations, seed=seed, parallel=parallel, on_reply=show)
         )
-        report = scorecard(plan, runs, model=model, seconds=time.perf_counter() - started)
+        report = scorecard(
+            plan, runs, model=model, seconds=time.perf_counter() - started, code=code
+        )
     out.print("")
     for line in table(report):
         out.print(line)
@@ -1841,8 +1845,30 @@ def _reply_json(reply: Reply) -> dict[str, Any]:
     return data
 
 
+def code_version() -> str | None:
+    """The checkout's `git describe --always --dirty` (the code a run measured), or None
+    outside a git checkout."""
+    try:
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
 def scorecard(
-    plan: Plan, runs: Sequence[ConfigRun], *, model: str, seconds: float
+    plan: Plan,
+    runs: Sequence[ConfigRun],
+    *,
+    model: str,
+    seconds: float,
+    code: str | None = None,
 ) -> dict[str, Any]:
     """The whole run as JSON: configurations -> totals and per NPC, every reply with its
     checks, what was not checked, the targets; with the machine, bench/results-style."""
@@ -1905,6 +1931,7 @@ def scorecard(
             "platform": platform.platform(),
             "python": platform.python_version(),
         },
+        "code": code,
         "unix_time": int(time.time()),
     }
 
