@@ -43,6 +43,8 @@ pytestmark = pytest.mark.unit
         "Here's a function that adds two numbers.",
         "You could write that in C++.",
         "Sure, I can help you with that!",
+        "From Ravenmoor:\nBlackfen Marsh: A mist-choked marsh.",
+        "Aye. From The Bone Market: bones, two coppers.",
         "I'm Abel, a trapper, not an assistant.",
     ],
 )
@@ -58,6 +60,7 @@ def test_assistant_phrasing_is_found(text: str) -> None:
         "Ask the Captain, not me.",
         "I know every road out of this town, and none of them is safe after dark.",
         "A python? Not in my kitchen, dearie.",
+        "From the Eastgate, walk a mile east: you'll smell the marsh first.",
         "Java beans come up the river twice a year.",
     ],
 )

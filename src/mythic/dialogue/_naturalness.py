@@ -51,7 +51,9 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("the prompt named",
          r"\b(based on|according to|from|in) (the|my|your) (lore|information|facts|context|"
          r"sections?|text|data|persona|instructions|prompt|rules)( (given|provided|above))?\b"
-         r"|\b(system prompt|my instructions)\b"),
+         r"|\b(system prompt|my instructions)\b"
+         # A lore group's header read back: "From Ravenmoor:" (the packed `## Lore` section).
+         r"|(^|[.!?]\s+|\n)\W*From (?-i:[A-Z])[\w' .-]{0,60}:(\s|$)"),
         ("the fiction named",
          r"\b(video game|role-?play(ing)?|fictional character|in-character|non-player character"
          r"|game character|as a character)\b"),
