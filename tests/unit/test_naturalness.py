@@ -11,6 +11,7 @@ from mythic.dialogue import (
     PhraseBuffer,
     admitted,
     assistant_phrases,
+    deflection,
     echoes,
     greeting_lead,
     greets,
@@ -317,3 +318,48 @@ def test_reading_out_the_cards_catchphrases_is_an_echo() -> None:
     assert finding is not None and finding.kind == "echo"
     line = "Knock three, friend, and mind the tobacco. "
     assert LineFilter(own=own).push(line) == (line, None)
+
+
+def test_a_refusal_is_not_one_the_conversation_has_heard() -> None:
+    first = deflection("taboo", "k")
+    said = sentences(first)
+    second = deflection("taboo", "k", said)
+    assert second != first and not any(repeats(s, said) for s in sentences(second))
+    # Every refusal of every kind said already: a line too short to count as a repeat.
+    everything = [
+        s
+        for kind in ("assistant", "narration", "taboo", "repeat", "echo")
+        for key in map(str, range(40))
+        for line in [deflection(kind, key)]
+        for s in sentences(line)
+    ]
+    for _ in range(12):
+        everything += sentences(deflection("taboo", "k", everything))
+    last = deflection("taboo", "k", everything)
+    assert all(repeats(s, [s]) is None for s in sentences(last))  # under four words
+
+
+@pytest.mark.parametrize(
+    "catchphrases",
+    [[""], ["   "], ["...!?"], ["(.*)+[", "\\d{3}"], ["a" * 10_000]],
+)
+def test_odd_catchphrases_neither_raise_nor_lead_with_nothing(catchphrases: list[str]) -> None:
+    lead = greeting_lead(catchphrases, ["(.*)+[ said"], "k")
+    assert lead == "" or lead.strip(" ,") != ""
+    line = "Well met, traveller. The road is long. "
+    check = LineFilter(own=catchphrases, instructions=catchphrases, forms=catchphrases)
+    released, finding = check.push(line)
+    assert finding is None and released == line
+
+
+def test_a_huge_reply_and_a_huge_taboo_are_checked_without_error() -> None:
+    taboo = "That " + " ".join(f"Word{i} Name{i}" for i in range(2_000))
+    secrets = secrets_of([taboo, "", "   "], public=[""])
+    assert len(secrets) == 3 and len(secrets[0].terms) > 0
+    check = LineFilter(secrets=secrets, instructions=[taboo] * 200, earlier=["A line."] * 500)
+    reply = "The river runs cold and deep past the mill. " * 2_500  # about 110 kB
+    released, finding = check.push(reply)
+    # The second sentence repeats the first: caught there, and only the first went out.
+    assert finding is not None and finding.kind == "repeat"
+    assert released == "The river runs cold and deep past the mill. "
+    assert LineFilter().push("") == ("", None) and LineFilter().finish() == ("", None)

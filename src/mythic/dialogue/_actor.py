@@ -1045,12 +1045,14 @@ class NPCActor:
             )
         assert finding is not None
         out.reason = "stop"
-        # Every try caught: the NPC refuses, breaking off what it had begun to say.
-        yield ("— " if given else "") + deflection(finding.kind, out.line.turn_id)
+        # Every try caught: the NPC refuses, breaking off what it had begun to say, in
+        # words not yet said in this conversation.
+        said = [s for text in (*_said(history), given) for s in sentences(text)]
+        yield ("— " if given else "") + deflection(finding.kind, out.line.turn_id, said)
 
     def _line_filter(self, history: list[ChatMessage], line: str) -> LineFilter:
         """The checks of one reply in a conversation whose messages so far are `history`."""
-        said = [m.content.removesuffix(INTERRUPTED_NOTE) for m in history if m.role == "assistant"]
+        said = _said(history)
         heard = [m.content for m in history if m.role == "user"]
         return LineFilter(
             forms=self.name_forms,
@@ -1071,7 +1073,7 @@ class NPCActor:
             return ""
         if not greets(line.text) or not self.cast.router.can_continue("dialogue"):
             return ""  # a remote endpoint without continue_final_message: the model begins
-        said = [m.content for m in history if m.role == "assistant"]
+        said = _said(history)
         return greeting_lead(catchphrases, said, f"{line.session_id}\0{len(said)}")
 
     async def _generate(
@@ -1552,6 +1554,11 @@ class _TurnOutput:
             self.actor.cast.reply_done(
                 self.line.session_id, self.actor.npc_id, self.line.turn_id, self.reason
             )
+
+
+def _said(history: Sequence[ChatMessage]) -> list[str]:
+    """The NPC's replies in `history`, without the note an interrupted one carries."""
+    return [m.content.removesuffix(INTERRUPTED_NOTE) for m in history if m.role == "assistant"]
 
 
 def _exchange_starts(history: list[ChatMessage]) -> list[int]:

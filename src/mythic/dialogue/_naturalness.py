@@ -495,17 +495,67 @@ def reminder(kind: Kind, name: str) -> str:
     }[kind]
 
 
-# The NPC's line when every try was caught: short, in character for anyone, refusing.
+# The NPC's line when every try was caught: short, in character for anyone, refusing. A
+# conversation that trips the filter often must not hear the same refusal twice (the
+# scorecard's repeat count and the player both notice), so each kind has several, then
+# lines any kind may use, then lines too short to count as a repeat.
 _DEFLECTIONS: dict[Kind, tuple[str, ...]] = {
-    "assistant": ("Hm. I don't follow you.", "That's nothing I know of. Ask me another."),
-    "narration": ("Hm. Ask me again, plainer.", "Say that again?"),
-    "taboo": ("That's not something I talk about.", "Some things stay unsaid. Leave it."),
-    "repeat": ("I've told you what I know.", "You have my answer already."),
-    "echo": ("Hm. Ask me again, plainer.", "Say that again?"),
+    "assistant": (
+        "Hm. I don't follow you.",
+        "That's nothing I know of. Ask me another.",
+        "Strange talk. I've no use for it.",
+        "You've lost me there, stranger.",
+        "I know nothing of such things.",
+    ),
+    "narration": (
+        "Hm. Ask me again, plainer.",
+        "Say that again?",
+        "Come again? Speak plainly.",
+        "I didn't catch your meaning.",
+    ),
+    "taboo": (
+        "That's not something I talk about.",
+        "Some things stay unsaid. Leave it.",
+        "Don't ask me that again.",
+        "That stays with me, and there it ends.",
+        "Ask about something else.",
+    ),
+    "repeat": (
+        "I've told you what I know.",
+        "You have my answer already.",
+        "Nothing more to add to that.",
+        "I've said my piece on that.",
+    ),
+    "echo": (
+        "Hm. Ask me again, plainer.",
+        "Say that again?",
+        "Come again? Speak plainly.",
+        "I didn't catch your meaning.",
+    ),
 }
+_ANY_DEFLECTION = (
+    "Let's talk of something else.",
+    "Not now. Ask me later.",
+    "I'd rather not say more.",
+)
+_SHORT_DEFLECTION = ("Hm. No.", "Leave it.", "Enough of that.", "Not that.")
 
 
-def deflection(kind: Kind, key: str) -> str:
-    """A short refusal for a reply whose every try was caught for `kind` (`key` picks one)."""
+def deflected(text: str) -> bool:
+    """Whether `text` ends in one of `deflection`'s refusals: the filter's words, not the
+    model's (`mythic distill` keeps no such reply as training data)."""
+    said = normalise(text)
+    lines = (*(x for pool in _DEFLECTIONS.values() for x in pool), *_ANY_DEFLECTION)
+    return any(said.endswith(normalise(line)) for line in (*lines, *_SHORT_DEFLECTION))
+
+
+def deflection(kind: Kind, key: str, said: Sequence[str] = ()) -> str:
+    """A short refusal for a reply whose every try was caught for `kind` (`key` picks where
+    to start): the first, in turn, none of whose sentences `repeats` one of `said` (the
+    conversation's sentences so far); a line too short to be a repeat when all were said."""
     lines = _DEFLECTIONS[kind]
-    return lines[sum(map(ord, key)) % len(lines)]
+    start = sum(map(ord, key)) % len(lines)
+    for line in (*lines[start:], *lines[:start], *_ANY_DEFLECTION):
+        if not any(repeats(sentence, said) for sentence in sentences(line)):
+            return line
+    return _SHORT_DEFLECTION[start % len(_SHORT_DEFLECTION)]
