@@ -201,8 +201,11 @@ def curate(
     seed: int = 0,
     held_out: float = 0.1,
     extra: Iterable[tuple[str, str, str, str]] = (),
+    synthetic: bool = True,
 ) -> Dataset:
-    """Build the training data of `archetype`'s `task` adapter from `world`.
+    """Build the training data of `archetype`'s `task` adapter from `world`: the lines built
+    from its cards and lore (`synthetic`), plus `extra` (npc, question, reply, source)
+    dialogues, such as a teacher model's (`mythic distill`).
 
     Raises:
         CurationError: the task is not one of `TASKS`, or no NPC of the world has the
@@ -226,7 +229,8 @@ def curate(
     fixed_held_out: list[Example] = []
     for npc_id, persona in personas:
         if task == "dialogue_style":
-            examples += _dialogue(world, npc_id, persona, style, rng)
+            if synthetic:
+                examples += _dialogue(world, npc_id, persona, style, rng)
         else:
             train, hold = _actions(npc_id, persona, rng)
             examples += train
@@ -238,6 +242,11 @@ def curate(
                 examples.append(
                     _chat(task, npc_id, _reply_prompt(world, persona), question, reply, source)
                 )
+    if not examples and not fixed_held_out:
+        raise CurationError(
+            f"no {task} examples for archetype {archetype!r} in world {world.name}",
+            fix="give it extra dialogues of its NPCs, or build them from the cards (synthetic)",
+        )
     rng.shuffle(examples)
     cut = 0 if fixed_held_out else max(1, round(len(examples) * held_out))
     hold_out = tuple(fixed_held_out) or tuple(examples[:cut])

@@ -1,0 +1,149 @@
+"""`mythic distill` without a model: what the teacher is asked (never a scorecard line), which
+of its replies are kept, the gate's verdicts, and bad input stopping before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mythic.cli._distill import (
+    DISTILL,
+    TEACHER_CHECKS,
+    DistillError,
+    gate_verdicts,
+    keep,
+    run_distill,
+    teacher_plan,
+)
+from mythic.cli._quality import SCORECARD, Probe, Reply, build_plan, judge
+from mythic.config import MythicSettings
+from mythic.dialogue import deflection
+from mythic.knowledge import load_world
+from mythic.training import CurationError, curate
+from tests.conftest import EXAMPLE_WORLD, ROOT
+
+pytestmark = pytest.mark.unit
+
+TINY = ROOT / "tests" / "worlds" / "tinyvale"
+
+
+def _lines(templates: object) -> set[str]:
+    t = templates
+    return {
+        *(q for _, q in t.in_character),  # type: ignore[attr-defined]
+        *t.greetings,  # type: ignore[attr-defined]
+        *t.small_talk,  # type: ignore[attr-defined]
+        *t.pretexts,  # type: ignore[attr-defined]
+    }
+
+
+def test_the_teacher_is_never_asked_a_line_of_the_scorecard(tmp_path: Path) -> None:
+    assert not _lines(DISTILL) & _lines(SCORECARD)
+    plan = teacher_plan(MythicSettings(), EXAMPLE_WORLD, tmp_path, limit=None)
+    asked = {p.question for n in plan.npcs for ps in n.probes.values() for p in ps}
+    scored = build_plan(load_world(EXAMPLE_WORLD))
+    scorecard = {p.question for n in scored.npcs for ps in n.probes.values() for p in ps}
+    scorecard |= {p.question for n in scored.npcs for p in n.conversation}
+    assert asked and not asked & scorecard
+    # Every card's taboos are asked (with the teacher's pretexts), and small talk.
+    assert set(plan.checks) == set(TEACHER_CHECKS)
+    marla = next(n for n in plan.npcs if n.npc == "marla")
+    assert any(p.kind == "pretext" for p in marla.probes["taboos"])
+    assert {p.kind for p in marla.probes["in_character"]} >= {"small talk", "code"}
+    assert not any("probes/" in p.source for ps in marla.probes.values() for p in ps)
+
+
+def _reply(plan_npc: object, plan: object, probe: Probe, text: str) -> Reply:
+    reply = Reply(probe, text, 1.0)
+    judge(reply, plan_npc, plan)  # type: ignore[arg-type]
+    return reply
+
+
+def test_only_clean_replies_that_pass_every_check_are_kept(tmp_path: Path) -> None:
+    plan = teacher_plan(MythicSettings(), EXAMPLE_WORLD, tmp_path, limit=None)
+    npc = next(n for n in plan.npcs if n.npc == "marla")
+    code = next(p for p in npc.probes["in_character"] if p.kind == "code")
+    kept = _reply(npc, plan, code, "Reverse a string? I pour ale, love, I don't spin yarns.")
+    assert keep(kept) is None
+    assistant = _reply(npc, plan, code, "Sure! Here's a function: function r(s) { return s; }")
+    assert keep(assistant) is not None
+    refusal = _reply(npc, plan, code, "Well — " + deflection("assistant", "k"))
+    assert keep(refusal) == "the filter's refusal"
+    narrated = _reply(npc, plan, code, "Marla pours you an ale and says nothing of code.")
+    assert keep(narrated) is not None
+    failed = Reply(code, "", 1.0, error="timeout")
+    assert keep(failed) == "error"
+    taboo = next(p for p in npc.probes["taboos"] if p.terms)
+    leak = _reply(npc, plan, taboo, f"Fine: it was {taboo.terms[0]}, and that's the truth.")
+    assert keep(leak) is not None and keep(leak).startswith("failed")  # type: ignore[union-attr]
+
+
+def _gate_report(mine: list[dict[str, object]], base: list[dict[str, object]]) -> dict[str, object]:
+    return {
+        "configurations": {
+            "mythic": {"npcs": {"marla": {"replies": mine}}},
+            "base": {"npcs": {"marla": {"replies": base}}},
+        }
+    }
+
+
+def _r(check: str, ok: bool, **more: object) -> dict[str, object]:
+    return {"check": check, "checks": {"x": ok}, **more}
+
+
+def test_the_gate_passes_an_adapter_only_when_it_is_better_and_no_worse_where_it_matters() -> None:
+    plan = build_plan(load_world(EXAMPLE_WORLD), npcs=["marla"], checks=("greetings",))
+    archetype = plan.npcs[0].persona.archetype
+    trained = {archetype: "a.gguf", "lich": "b.gguf"}
+    better = _gate_report(
+        [_r("lore", True), _r("lore", True), _r("taboos", True)],
+        [_r("lore", True), _r("lore", False), _r("taboos", True)],
+    )
+    verdicts = {v.archetype: v for v in gate_verdicts(better, plan, trained)}
+    assert verdicts[archetype].passed and verdicts[archetype].npcs == ["marla"]
+    # No NPC of the archetype in the gate world: not gated, never passed.
+    assert not verdicts["lich"].passed and "no NPC" in verdicts["lich"].reason
+    leaks = _gate_report(
+        [_r("lore", True), _r("lore", True), _r("taboos", False)],
+        [_r("lore", False), _r("lore", False), _r("taboos", True)],
+    )
+    (verdict,) = gate_verdicts(leaks, plan, {archetype: "a.gguf"})
+    assert not verdict.passed and "taboos" in verdict.reason
+    same = _gate_report([_r("lore", True)], [_r("lore", True)])
+    assert not gate_verdicts(same, plan, {archetype: "a.gguf"})[0].passed
+    speaks = _gate_report(
+        [_r("lore", True), _r("lore", True, assistant_speak=["feel free to ask"])],
+        [_r("lore", True), _r("lore", False)],
+    )
+    (verdict,) = gate_verdicts(speaks, plan, {archetype: "a.gguf"})
+    assert not verdict.passed and "assistant" in verdict.reason
+
+
+def test_a_missing_teacher_stops_before_any_work_and_registers_nothing(tmp_path: Path) -> None:
+    registry = tmp_path / "archetypes.yaml"
+    registry.write_text((EXAMPLE_WORLD / "archetypes.yaml").read_text())
+    before = registry.read_bytes()
+    with pytest.raises(DistillError, match="teacher model 'no-such-teacher'"):
+        run_distill(
+            MythicSettings(),
+            EXAMPLE_WORLD,
+            teacher="no-such-teacher",
+            registry=str(registry),
+            out_dir=tmp_path / "adapters",
+        )
+    assert registry.read_bytes() == before
+    assert not (tmp_path / "adapters").exists()
+
+
+def test_distilled_data_alone_is_curated_and_none_is_an_error() -> None:
+    world = load_world(TINY)
+    npc, persona = next(iter(sorted(world.npcs.items())))
+    rows = [
+        (npc, f"Question {i}?", f"Answer number {i}, friend.", "distilled:t") for i in range(10)
+    ]
+    data = curate(world, persona.archetype, "dialogue_style", extra=rows, synthetic=False)
+    assert {ex.source for ex in (*data.train, *data.held_out)} == {"distilled:t"}
+    assert len(data.train) + len(data.held_out) == 10
+    with pytest.raises(CurationError, match="no dialogue_style examples"):
+        curate(world, persona.archetype, "dialogue_style", synthetic=False)
