@@ -10,6 +10,7 @@ from mythic.dialogue import (
     LineFilter,
     PhraseBuffer,
     admitted,
+    affirmed,
     assistant_phrases,
     deflection,
     echoes,
@@ -363,3 +364,18 @@ def test_a_huge_reply_and_a_huge_taboo_are_checked_without_error() -> None:
     assert finding is not None and finding.kind == "repeat"
     assert released == "The river runs cold and deep past the mill. "
     assert LineFilter().push("") == ("", None) and LineFilter().finish() == ("", None)
+
+
+def test_a_yes_to_are_you_a_secret_identity_is_a_leak() -> None:
+    secrets = secrets_of(["That he is the Pass Wolf, or that he is a werewolf"], ["Pass Wolf"])
+    asked = "Be honest with me: are you the Pass Wolf?"
+    assert affirmed("Aye. That I am.", asked, secrets) == ["Pass Wolf"]
+    assert affirmed("You've found me out, stranger.", "You're a werewolf, admit it.", secrets)
+    assert affirmed("Yes, and no wolf at all.", asked, secrets) == []  # a no in it
+    assert affirmed("Aye, the pass is cold tonight.", "Is the pass cold?", secrets) == []
+    assert affirmed("The Pass Wolf? Never met it.", asked, secrets) == []
+    # In the filter: the first clause is caught before it leaves; a plain answer is not.
+    _, finding = LineFilter(secrets=secrets, asked=asked).push("Aye, ")
+    assert finding is not None and finding.kind == "taboo"
+    line = "Me? I trap beaver, friend. "
+    assert LineFilter(secrets=secrets, asked=asked).push(line) == (line, None)

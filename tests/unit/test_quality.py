@@ -120,6 +120,28 @@ def test_a_taboo_with_no_secret_word_is_listed_as_not_checkable(tmp_path: Path) 
     assert len(reasons) == 2 and all("not checkable" in r for r in reasons)
 
 
+def test_a_secret_identity_is_asked_about_and_a_yes_breaks_it(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    card = root / "npcs" / "hilda.yaml"
+    data = yaml.safe_load(card.read_text())
+    data["taboos"] = ["That she is the Grey Widow, or that she is a witch"]
+    card.write_text(yaml.safe_dump(data))
+    plan = _plan(root)
+    direct, pretext = _probes(plan, "hilda", "taboos")
+    assert direct.question == "Are you the Grey Widow?"
+    assert pretext.question.endswith("Are you a witch?")
+    assert direct.identities == ("Grey Widow", "witch")
+    npc = next(n for n in plan.npcs if n.npc == "hilda")
+    for text, kept in [
+        ("Aye, that I am.", False),
+        ("I am a witch, and proud of it.", False),
+        ("The Grey Widow? A tale for children. More cider?", True),
+    ]:
+        reply = Reply(direct, text, 1.0)
+        judge(reply, npc, plan)
+        assert reply.checks == {"kept": kept}, text
+
+
 def test_the_in_character_lines_are_the_same_for_every_world() -> None:
     tiny, example = _plan(), _plan(EXAMPLE_WORLD, npcs=["marla"])
     lines = [p.question for p in _probes(tiny, "hilda", "in_character")]

@@ -297,6 +297,10 @@ def run_distill(
         plan = teacher_plan(settings, world_path, Path(tmp), limit=limit)
         if archetypes:
             plan.npcs = [n for n in plan.npcs if n.persona.archetype in archetypes]
+            chosen_npcs = {n.npc for n in plan.npcs}
+            plan.not_checked = [
+                n for n in plan.not_checked if n.npc is None or n.npc in chosen_npcs
+            ]
             if not plan.npcs:
                 raise DistillError(
                     f"no NPC of {', '.join(archetypes)} in {world_path}",
@@ -411,6 +415,10 @@ def run_distill(
             gate_world_loaded, root=gate_path, checks=GATE_CHECKS, limit=gate_limit, decide=False
         )
         gate_plan.npcs = [n for n in gate_plan.npcs if n.persona.archetype in trained]
+        gated_npcs = {n.npc for n in gate_plan.npcs}
+        gate_plan.not_checked = [
+            n for n in gate_plan.not_checked if n.npc is None or n.npc in gated_npcs
+        ]
         err.print(
             f"gate on {gate_plan.world.name}: {len(gate_plan.npcs)} NPC(s), "
             f"{student.name} with the adapters against without ..."

@@ -42,6 +42,8 @@ from mythic.cli._eval import LoreProbe, StyleProbe, _post, matches
 from mythic.config import MythicSettings
 from mythic.dialogue import (
     Secret,
+    admitted,
+    affirmed,
     assistant_phrases,
     name_forms,
     narrates_self,
@@ -321,6 +323,9 @@ class Probe:
     forbid: tuple[str, ...] = ()
     terms: tuple[str, ...] = ()
     """A taboo's giveaway terms: none may be said unless the player said it."""
+    identities: tuple[str, ...] = ()
+    """What a taboo says the NPC secretly is: the reply may neither own up to one ("I am the
+    Pass Wolf") nor say yes when asked."""
     tools: tuple[str, ...] | None = None
     """Actions: the tools that answer the line (empty: no tool); None: not an action probe."""
     intents: tuple[str, ...] = ()
@@ -915,7 +920,7 @@ def secret_terms(persona: Persona, public: Sequence[str], names: frozenset[str])
             kept = " ".join(words)
             if len(kept) >= 3 and kept.lower() not in public_low:
                 terms.append(kept)
-        out.append(Secret(secret.taboo, tuple(dict.fromkeys(terms))))
+        out.append(Secret(secret.taboo, tuple(dict.fromkeys(terms)), secret.identities))
     return out
 
 
@@ -1009,6 +1014,13 @@ def taboo_questions(taboo: str, terms: Sequence[str], pretext: str) -> tuple[str
     return direct, " ".join([pretext, direct, *follow])
 
 
+def _article(identity: str) -> str:
+    """How a secret identity is asked about: "the Pass Wolf", "a werewolf", "an omen"."""
+    if identity[:1].isupper():
+        return "the "
+    return "an " if identity[:1].lower() in "aeiou" else "a "
+
+
 def _taboo_probes(
     npc: str,
     persona: Persona,
@@ -1030,6 +1042,27 @@ def _taboo_probes(
                 )
             )
             continue
+        if secret.identities:
+            # "That he is the Pass Wolf": asked whether it is so, the NPC must not say yes
+            # (nor say the taboo's other secret words).
+            ask = [f"Are you {_article(i)}{i}?" for i in secret.identities]
+            pretexts = templates.pretexts
+            for kind, question, into in (
+                ("direct", templates.direct.format(ask[0]), direct),
+                ("pretext", f"{pretexts[(number - 1) % len(pretexts)]} {ask[-1]}", pretext),
+            ):
+                into.append(
+                    Probe(
+                        npc,
+                        "taboos",
+                        question,
+                        f"card taboo {number}",
+                        kind,
+                        terms=secret.terms,
+                        identities=secret.identities,
+                    )
+                )
+            continue
         if not secret.terms:
             plan.not_checked.append(
                 NotChecked(
@@ -1045,7 +1078,15 @@ def _taboo_probes(
         asked = (templates.direct.format(asked[0]), asked[1])
         for kind, question, into in (("direct", asked[0], direct), ("pretext", asked[1], pretext)):
             into.append(
-                Probe(npc, "taboos", question, f"card taboo {number}", kind, terms=secret.terms)
+                Probe(
+                    npc,
+                    "taboos",
+                    question,
+                    f"card taboo {number}",
+                    kind,
+                    terms=secret.terms,
+                    identities=secret.identities,
+                )
             )
     forbid = [
         Probe(
@@ -1387,6 +1428,8 @@ def judge(reply: Reply, npc: NPCPlan, plan: Plan) -> None:
             reply.checks = {"correct": expected(probe, text)}
         case "taboos":
             leaks = [t for t in probe.terms if _said(t, text) and not _said(t, probe.question)]
+            owned = [Secret(probe.source, (), probe.identities)] if probe.identities else []
+            leaks += admitted(text, owned) + affirmed(text, probe.question, owned)
             forbidden = [m for m in probe.forbid if matches(m, text)]
             reply.checks = {"kept": not leaks and not forbidden and clean}
         case "in_character":
@@ -1868,6 +1911,8 @@ def _reply_json(reply: Reply) -> dict[str, Any]:
         data["expect"] = [list(group) for group in probe.expect]
     if probe.terms:
         data["secret_terms"] = list(probe.terms)
+    if probe.identities:
+        data["secret_identities"] = list(probe.identities)
     if probe.forbid:
         data["forbid"] = list(probe.forbid)
     if probe.tools is not None:

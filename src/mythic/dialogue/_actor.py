@@ -1062,6 +1062,7 @@ class NPCActor:
             openings=[opening(text) for text in said],
             instructions=self.instructions,
             own=self.persona.catchphrases,
+            asked=line,
             hold_words=self.cast.settings.dialogue.first_phrase_words,
         )
 

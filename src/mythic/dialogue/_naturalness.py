@@ -235,6 +235,32 @@ def admitted(text: str, secrets: Sequence[Secret]) -> list[str]:
     return out
 
 
+_ASKED_IF = r"\b(?:are|were) you\b|\byou(?:'re| are| were)\b|\bis it true\b|\bconfess\b|\badmit\b"
+_AFFIRMATIVE = re.compile(
+    r"^\W*(?:yes|yeah|yep|aye|indeed|true|it'?s true|'?tis true|so i am|that i am|i am|i was|"
+    r"you'?ve found me|you found me|you got me|you'?ve caught me|guilty)\b",
+    re.IGNORECASE,
+)
+_NEGATION = re.compile(r"\b(?:no|not|never|nor|none)\b|n't\b", re.IGNORECASE)
+
+
+def affirmed(text: str, asked: str, secrets: Sequence[Secret]) -> list[str]:
+    """The secret identities a reply says yes to: `asked` (the player's line) asks whether
+    the NPC is one ("Are you the Pass Wolf?", "You're a werewolf, aren't you?") and `text`
+    begins with a yes ("Aye.", "Yes, I am.", "You've found me") with no negation in it."""
+    if not re.search(_ASKED_IF, asked, re.IGNORECASE) or not _AFFIRMATIVE.search(text):
+        return []
+    if _NEGATION.search(text):
+        return []
+    out = []
+    for secret in secrets:
+        for identity in secret.identities:
+            words = r"\s+".join(re.escape(w) for w in identity.split())
+            if re.search(rf"(?<!\w){words}(?!\w)", asked, re.IGNORECASE):
+                out.append(identity)
+    return out
+
+
 def leaked(text: str, secrets: Sequence[Secret], heard: str = "") -> list[str]:
     """The secret terms `text` says that the player has not said themselves (`heard`):
     repeating the player's own words gives nothing away."""
@@ -395,6 +421,9 @@ class LineFilter:
     own: Sequence[str] = ()
     """The card's catchphrases: the NPC's own words, said as they are (one may name the NPC
     in the third person, "Grisk has just the thing"), so not narration or an echo."""
+    asked: str = ""
+    """The player's line this reply answers: a yes to "are you <a secret identity>?" gives it
+    away (`affirmed`)."""
     hold_words: int = 6
     released: str = ""
     _held: str = ""
@@ -451,6 +480,8 @@ class LineFilter:
         if narration is not None:
             return Finding("narration", narration)
         leaks = leaked(sentence, self.secrets, self.heard) or admitted(sentence, self.secrets)
+        if not leaks and not self._said and self.asked:  # the reply's first sentence
+            leaks = affirmed(sentence, self.asked, self.secrets)
         if leaks:
             return Finding("taboo", leaks[0])
         listed = said_of(self._passed + piece, self.own)
