@@ -147,3 +147,24 @@ def test_distilled_data_alone_is_curated_and_none_is_an_error() -> None:
     assert len(data.train) + len(data.held_out) == 10
     with pytest.raises(CurationError, match="no dialogue_style examples"):
         curate(world, persona.archetype, "dialogue_style", synthetic=False)
+
+
+def test_a_broken_teacher_file_stops_with_a_clear_error_and_registers_nothing(
+    tmp_path: Path,
+) -> None:
+    teacher = tmp_path / "teacher.gguf"
+    teacher.write_bytes(b"GGUF" + b"\0" * 60)  # a header and nothing after it
+    registry = tmp_path / "archetypes.yaml"
+    registry.write_text((EXAMPLE_WORLD / "archetypes.yaml").read_text())
+    before = registry.read_bytes()
+    with pytest.raises(DistillError, match="teacher") as caught:
+        run_distill(
+            MythicSettings(),
+            EXAMPLE_WORLD,
+            teacher=str(teacher),
+            registry=str(registry),
+            out_dir=tmp_path / "adapters",
+        )
+    assert str(teacher) in str(caught.value) or "teacher.gguf" in str(caught.value)
+    assert registry.read_bytes() == before
+    assert not list((tmp_path / "adapters").glob("*/**/*.gguf"))

@@ -167,6 +167,18 @@ def kept_rows(runs: Sequence[ConfigRun], teacher: str) -> Kept:
     return kept
 
 
+def _show(configuration: str, npc: str, reply: Reply, number: int, of: int) -> None:
+    """One line of progress per reply (to stderr): kept or why not for the teacher, ok or
+    FAIL on the gate."""
+    if configuration == "teacher":
+        verdict = keep(reply) or "kept"
+    else:
+        verdict = "ok" if reply.passed else "FAIL"
+    err.print(
+        f"[{configuration}] {npc} {reply.probe.check} {number}/{of} {verdict} {reply.seconds:.1f} s"
+    )
+
+
 def teacher_plan(
     settings: MythicSettings, world_path: Path, workdir: Path, *, limit: int | None
 ) -> Plan:
@@ -315,7 +327,14 @@ def run_distill(
         try:
             runs, _ = asyncio.run(
                 # `base`: as configured, without the registry's adapters (the student's).
-                run_quality(taught, plan, ["base"], seed=seed, parallel=parallel)
+                run_quality(
+                    taught,
+                    plan,
+                    ["base"],
+                    seed=seed,
+                    parallel=parallel,
+                    on_reply=lambda _, *rest: _show("teacher", *rest),
+                )
             )
         except MythicError as exc:
             raise DistillError(f"the teacher {teacher_model.name} failed: {exc}") from None
@@ -425,7 +444,14 @@ def run_distill(
         )
         gate_started = time.perf_counter()
         gate_runs, model = asyncio.run(
-            run_quality(gated, gate_plan, ["mythic", "base"], seed=seed, parallel=parallel)
+            run_quality(
+                gated,
+                gate_plan,
+                ["mythic", "base"],
+                seed=seed,
+                parallel=parallel,
+                on_reply=lambda c, *rest: _show("adapter" if c == "mythic" else "without", *rest),
+            )
         )
         gate_report = scorecard(
             gate_plan,
