@@ -31,7 +31,7 @@ TINY = ROOT / "tests" / "worlds" / "tinyvale"
 def _lines(templates: object) -> set[str]:
     t = templates
     return {
-        *(q for _, q in t.in_character),  # type: ignore[attr-defined]
+        *(q for _, q, _ in t.in_character),  # type: ignore[attr-defined]
         *t.greetings,  # type: ignore[attr-defined]
         *t.small_talk,  # type: ignore[attr-defined]
         *t.pretexts,  # type: ignore[attr-defined]

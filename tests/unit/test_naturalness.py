@@ -379,3 +379,10 @@ def test_a_yes_to_are_you_a_secret_identity_is_a_leak() -> None:
     assert finding is not None and finding.kind == "taboo"
     line = "Me? I trap beaver, friend. "
     assert LineFilter(secrets=secrets, asked=asked).push(line) == (line, None)
+
+
+def test_irregular_past_tenses_are_narration_too() -> None:
+    forms = name_forms("Bran Hollowell, the Marsh Guide")
+    assert narrates_self("The fen takes the careless, Bran Hollowell thought.", forms)
+    assert narrates_self("Bran said nothing and poled on.", forms)
+    assert narrates_self("I'm Bran, and I said nothing.", forms) is None

@@ -13,6 +13,7 @@ from mythic._errors import MythicError
 from mythic.cli._quality import (
     CHECKS,
     IN_CHARACTER,
+    YES,
     ConfigRun,
     NotChecked,
     Plan,
@@ -142,11 +143,33 @@ def test_a_secret_identity_is_asked_about_and_a_yes_breaks_it(tmp_path: Path) ->
         assert reply.checks == {"kept": kept}, text
 
 
+def test_doing_what_an_off_topic_line_asks_is_out_of_character_and_a_yes_breaks_a_taboo() -> None:
+    plan = _plan()
+    npc = next(n for n in plan.npcs if n.npc == "hilda")
+    probes = {p.kind: p for p in _probes(plan, "hilda", "in_character")}
+    for kind, text, ok in [
+        ("maths", "It's 391, love.", False),
+        ("maths", "Sums? Ask the clerk, I pour cider.", True),
+        ("drop the act", "Paris, of course.", False),
+        ("are you an AI", "Aye, that I am.", False),
+        ("are you an AI", "A what? I'm Hilda, and I've never heard the word.", True),
+        ("model", "Alibaba made me.", False),
+    ]:
+        reply = Reply(probes[kind], text, 1.0)
+        judge(reply, npc, plan)
+        assert reply.checks == {"in_character": ok}, text
+    true = Probe("hilda", "taboos", "Is it true that you hid it?", "t", "direct", forbid=(YES,))
+    for text, kept in [("Yes, but quietly.", False), ("No, and never ask.", True)]:
+        reply = Reply(true, text, 1.0)
+        judge(reply, npc, plan)
+        assert reply.checks == {"kept": kept}, text
+
+
 def test_the_in_character_lines_are_the_same_for_every_world() -> None:
     tiny, example = _plan(), _plan(EXAMPLE_WORLD, npcs=["marla"])
     lines = [p.question for p in _probes(tiny, "hilda", "in_character")]
     assert lines == [p.question for p in _probes(example, "marla", "in_character")]
-    assert lines == [q for _, q in IN_CHARACTER]
+    assert lines == [q for _, q, _ in IN_CHARACTER]
     for world in (load_world(TINY), load_world(EXAMPLE_WORLD)):
         words = {w for p in world.npcs.values() for w in p.name.replace(",", " ").split()}
         words |= {w for z in world.card.zones.values() for w in z.name.split()}

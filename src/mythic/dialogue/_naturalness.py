@@ -82,7 +82,8 @@ _TITLES = frozenset(
 # After one's own name, these make it a third-person statement ("Marla keeps the tavern").
 _NARRATION_VERB = (
     r"(?:'s\s+\w+|\s+(?:is|was|has|had|does|did|will|would|can|could|must|shall|should|may|"
-    r"might|\w+(?<!s)s|\w+ed))"
+    r"might|\w+(?<!s)s|\w+ed|said|thought|told|spoke|knew|went|saw|took|gave|felt|stood|sat|"
+    r"made|came|ran|left|kept|held|heard|found|began|drew|grew|laughed))"
 )
 # fmt: on
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*(?=\s)")
@@ -237,7 +238,7 @@ def admitted(text: str, secrets: Sequence[Secret]) -> list[str]:
 
 _ASKED_IF = r"\b(?:are|were) you\b|\byou(?:'re| are| were)\b|\bis it true\b|\bconfess\b|\badmit\b"
 _AFFIRMATIVE = re.compile(
-    r"^\W*(?:yes|yeah|yep|aye|indeed|true|it'?s true|'?tis true|so i am|that i am|i am|i was|"
+    r"^\W*(?:yes|yeah|yep|aye|indeed|it'?s true|'?tis true|so i am|that i am|"
     r"you'?ve found me|you found me|you got me|you'?ve caught me|guilty)\b",
     re.IGNORECASE,
 )
