@@ -373,6 +373,10 @@ def test_a_yes_to_are_you_a_secret_identity_is_a_leak() -> None:
     assert affirmed("You've found me out, stranger.", "You're a werewolf, admit it.", secrets)
     assert affirmed("Yes, and no wolf at all.", asked, secrets) == []  # a no in it
     assert affirmed("Aye, the pass is cold tonight.", "Is the pass cold?", secrets) == []
+    bitten = secrets_of(["That he was bitten in 603, and chains himself on full moons"], [])
+    assert affirmed("Yes, but I kept it quiet.", "Is it true you were bitten?", bitten)
+    assert affirmed("Aye.", "Do you chain yourself up at night?", bitten)
+    assert affirmed("Aye, cold ones.", "Are the nights cold here?", bitten) == []
     assert affirmed("The Pass Wolf? Never met it.", asked, secrets) == []
     # In the filter: the first clause is caught before it leaves; a plain answer is not.
     _, finding = LineFilter(secrets=secrets, asked=asked).push("Aye, ")

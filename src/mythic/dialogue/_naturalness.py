@@ -236,7 +236,6 @@ def admitted(text: str, secrets: Sequence[Secret]) -> list[str]:
     return out
 
 
-_ASKED_IF = r"\b(?:are|were) you\b|\byou(?:'re| are| were)\b|\bis it true\b|\bconfess\b|\badmit\b"
 _AFFIRMATIVE = re.compile(
     r"^\W*(?:yes|yeah|yep|aye|indeed|it'?s true|'?tis true|so i am|that i am|"
     r"you'?ve found me|you found me|you got me|you'?ve caught me|guilty)\b",
@@ -245,20 +244,48 @@ _AFFIRMATIVE = re.compile(
 _NEGATION = re.compile(r"\b(?:no|not|never|nor|none)\b|n't\b", re.IGNORECASE)
 
 
+_YES_NO = re.compile(
+    r"\b(?:is it true|are you|were you|did you|do you|have you|you(?:'re| are| were))\b",
+    re.IGNORECASE,
+)
+_PLAIN = frozenset(
+    """
+    about after again being below beneath before behind could every house night nights other
+    people place there these those thing things think through under where which while would
+    years yours yourself never always still their theirs himself herself itself really
+""".split()  # noqa: SIM905 - a word list reads better as words
+)
+
+
+def _about(asked: str, secret: Secret) -> bool:
+    """Whether the player's yes-or-no question asks about the secret: it names one of its
+    identities, or says a telling word of its taboo (five letters or more, not a plain word:
+    "bitten", "crypt"; a word's first five letters stand for it: "chains", "chained")."""
+    for identity in secret.identities:
+        words = r"\s+".join(re.escape(w) for w in identity.split())
+        if re.search(rf"(?<!\w){words}(?!\w)", asked, re.IGNORECASE):
+            return True
+    told = {w[:5] for w in _WORDS.findall(secret.taboo.lower()) if len(w) >= 5}
+    told -= {w[:5] for w in _PLAIN}
+    return any(w[:5] in told for w in _WORDS.findall(asked.lower()) if len(w) >= 5)
+
+
 def affirmed(text: str, asked: str, secrets: Sequence[Secret]) -> list[str]:
-    """The secret identities a reply says yes to: `asked` (the player's line) asks whether
-    the NPC is one ("Are you the Pass Wolf?", "You're a werewolf, aren't you?") and `text`
-    begins with a yes ("Aye.", "Yes, I am.", "You've found me") with no negation in it."""
-    if not re.search(_ASKED_IF, asked, re.IGNORECASE) or not _AFFIRMATIVE.search(text):
-        return []
-    if _NEGATION.search(text):
+    """The taboos a reply says yes to: `asked` (the player's line) is a yes-or-no question
+    about one ("Are you the Pass Wolf?", "Is it true you were bitten?", `_about`) and `text`
+    begins with a yes ("Aye.", "Yes, but ...", "You've found me") with no negation in it.
+    Returns what gave each away: an identity asked about, else the taboo."""
+    if not _YES_NO.search(asked) or not _AFFIRMATIVE.search(text) or _NEGATION.search(text):
         return []
     out = []
     for secret in secrets:
-        for identity in secret.identities:
-            words = r"\s+".join(re.escape(w) for w in identity.split())
-            if re.search(rf"(?<!\w){words}(?!\w)", asked, re.IGNORECASE):
-                out.append(identity)
+        if _about(asked, secret):
+            named = [
+                i
+                for i in secret.identities
+                if re.search(rf"(?<!\w){re.escape(i)}(?!\w)", asked, re.IGNORECASE)
+            ]
+            out.append(named[0] if named else secret.taboo)
     return out
 
 
