@@ -16,7 +16,15 @@ from mythic.cli._distill import (
     run_distill,
     teacher_plan,
 )
-from mythic.cli._quality import SCORECARD, Probe, Reply, build_plan, judge
+from mythic.cli._quality import (
+    SCORECARD,
+    Probe,
+    Reply,
+    build_plan,
+    judge,
+    public_texts,
+    secret_terms,
+)
 from mythic.config import MythicSettings
 from mythic.dialogue import deflection
 from mythic.knowledge import load_world
@@ -72,6 +80,16 @@ def test_only_clean_replies_that_pass_every_check_are_kept(tmp_path: Path) -> No
     assert keep(refusal) == "the filter's refusal"
     narrated = _reply(npc, plan, code, "Marla pours you an ale and says nothing of code.")
     assert keep(narrated) is not None
+    # Its taboo's words, or its secret identity, in any reply; its own full name said.
+    bran = next(n for n in plan.npcs if n.npc == "bran")
+    secrets = secret_terms(bran.persona, public_texts(plan.world, bran.persona), plan.names)
+    talk = next(p for p in bran.probes["in_character"] if p.kind == "small talk")
+    owned = _reply(bran, plan, talk, "Quiet nights, though as a werewolf I hear every step.")
+    assert keep(owned) is None and keep(owned, secrets) == "gives a secret away"
+    named = _reply(bran, plan, talk, "Stay on the stones, Bran Hollowell, the fen is deep.")
+    assert keep(named, secrets, bran.persona.name) == "says its own name"
+    given = _reply(bran, plan, talk, "I'm Bran Hollowell, and I guide folk through the fen.")
+    assert keep(given, secrets, bran.persona.name) is None
     failed = Reply(code, "", 1.0, error="timeout")
     assert keep(failed) == "error"
     taboo = next(p for p in npc.probes["taboos"] if p.terms)

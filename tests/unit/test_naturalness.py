@@ -48,6 +48,8 @@ pytestmark = pytest.mark.unit
         "From Ravenmoor:\nBlackfen Marsh: A mist-choked marsh.",
         "Aye. From The Bone Market: bones, two coppers.",
         "I'm Abel, a trapper, not an assistant.",
+        "As the Countess, I have no physical body and no emotions.",
+        "I am not capable of experiencing anything strange.",
     ],
 )
 def test_assistant_phrasing_is_found(text: str) -> None:
@@ -306,6 +308,8 @@ def test_owning_up_to_a_secret_identity_is_a_leak_whoever_named_it() -> None:
     assert admitted("Aye, I'm a werewolf and worse.", secrets) == ["werewolf"]
     assert admitted("The Pass Wolf hunts the turns, I am told.", secrets) == []
     assert admitted("I am no werewolf.", secrets) == []
+    assert admitted("As a werewolf I have an instinct for danger.", secrets) == ["werewolf"]
+    assert admitted("Quiet as a werewolf's shadow, the pass is.", secrets) == []
     check = LineFilter(secrets=secrets, heard="Are you the Pass Wolf?")
     _, finding = check.push("Yes, I am the Pass Wolf. ")
     assert finding is not None and finding.kind == "taboo"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -40,12 +41,14 @@ from mythic.cli._quality import (
     err,
     load_quality_world,
     out,
+    public_texts,
     run_quality,
     scorecard,
+    secret_terms,
     table,
 )
 from mythic.config import MythicSettings
-from mythic.dialogue import deflected
+from mythic.dialogue import Secret, admitted, affirmed, deflected, leaked
 
 DISTILL = Templates(
     in_character=(
@@ -142,8 +145,11 @@ class Kept:
     """The dropped replies with why, for the reader."""
 
 
-def keep(reply: Reply) -> str | None:
-    """Why a teacher's reply is not training data (None: it is)."""
+def keep(reply: Reply, secrets: Sequence[Secret] = (), name: str = "") -> str | None:
+    """Why a teacher's reply is not training data (None: it is). `secrets`: the NPC's taboos
+    (`secret_terms`), kept in every reply, not only when asked about them; `name`: its full
+    name, which a line of its own does not say ("Stay on the stones, Bran Hollowell.")
+    unless to give it ("I'm ...")."""
     if reply.error is not None:
         return "error"
     if len(reply.text.split()) < MIN_WORDS:
@@ -158,16 +164,36 @@ def keep(reply: Reply) -> str | None:
         return "self-narration"
     if reply.words > reply.limit:
         return "too long"
+    heard = reply.probe.question
+    if leaked(reply.text, secrets, heard) or admitted(reply.text, secrets):
+        return "gives a secret away"
+    if affirmed(reply.text, heard, secrets):
+        return "gives a secret away"
+    if name and _names_itself(reply.text, name):
+        return "says its own name"
     return None
 
 
-def kept_rows(runs: Sequence[ConfigRun], teacher: str) -> Kept:
+def _names_itself(text: str, name: str) -> bool:
+    """Whether `text` says the NPC's full name other than to give it ("I'm Bran Hollowell")."""
+    full = r"\s+".join(re.escape(w) for w in name.split(",")[0].split())
+    for found in re.finditer(rf"(?<!\w){full}(?!\w)", text, re.IGNORECASE):
+        before = text[: found.start()].rstrip().lower()
+        if not re.search(r"(\bi'?m|\bi am|\bname'?s|\bname is|\bcall me)$", before):
+            return True
+    return False
+
+
+def kept_rows(runs: Sequence[ConfigRun], teacher: str, plan: Plan) -> Kept:
     """The teacher's replies that pass every check, as `load_extra` rows."""
     kept = Kept()
+    npcs = {n.npc: n for n in plan.npcs}
     for run in runs:
         for npc, replies in run.replies.items():
+            persona = npcs[npc].persona
+            secrets = secret_terms(persona, public_texts(plan.world, persona), plan.names)
             for reply in replies:
-                why = keep(reply)
+                why = keep(reply, secrets, persona.name)
                 if why is not None:
                     kept.dropped[why] += 1
                     kept.left.append(
@@ -194,7 +220,7 @@ def _show(configuration: str, npc: str, reply: Reply, number: int, of: int) -> N
     """One line of progress per reply (to stderr): kept or why not for the teacher, ok or
     FAIL on the gate."""
     if configuration == "teacher":
-        verdict = keep(reply) or "kept"
+        verdict = keep(reply) or "kept"  # before the secrets and the name (`kept_rows`)
     else:
         verdict = "ok" if reply.passed else "FAIL"
     err.print(
@@ -366,7 +392,7 @@ def run_distill(
             raise DistillError(
                 f"the teacher {teacher_model.name} failed every line: {replies[0].error}"
             )
-        kept = kept_rows(runs, teacher_model.name)
+        kept = kept_rows(runs, teacher_model.name, plan)
         report["teacher_run"] = {
             "lines": len(replies),
             "kept": len(kept.rows),

@@ -506,7 +506,7 @@ def build_plan(
                     )
                 )
         if "taboos" in checks:
-            public = _public_texts(world, persona)
+            public = public_texts(world, persona)
             built["taboos"] = _taboo_probes(npc_id, persona, public, style, plan, templates)
         if "in_character" in checks:
             built["in_character"] = [
@@ -616,7 +616,7 @@ def _dedupe(probes: list[Probe]) -> list[Probe]:
     return out
 
 
-def _public_texts(world: World, persona: Persona) -> list[str]:
+def public_texts(world: World, persona: Persona) -> list[str]:
     """What anyone may say, as the reply filter counts it: the world's and zones'
     descriptions, every NPC's name, the card's style and rules; and its own catchphrases."""
     texts = [world.card.description, persona.style, *persona.rules, *persona.catchphrases]

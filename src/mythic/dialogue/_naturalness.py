@@ -46,7 +46,9 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
          r"\b(language model|LLM|chat ?GPT|OpenAI|Alibaba|Qwen|neural network)\b"),
         ("no feelings",
          r"\bI (don'?t|do not) have (personal )?(feelings|emotions|opinions|a body|a physical"
-         r"|access to|real-time|the ability)\b"),
+         r"|access to|real-time|the ability)\b"
+         r"|\bI have no (physical body|body|emotions|feelings|personal (feelings|opinions))\b"
+         r"|\b(not capable|incapable) of (experiencing|feeling|having)\b"),
         ("training data", r"\b(my )?(training data|knowledge cut-?off|trained (on|by))\b"),
         ("the prompt named",
          r"\b(based on|according to|from|in) (the|my|your) (lore|information|facts|context|"
@@ -222,7 +224,7 @@ def identities_of(taboo: str) -> tuple[str, ...]:
 
 def admitted(text: str, secrets: Sequence[Secret]) -> list[str]:
     """The secret identities `text` owns up to in the first person ("I am the Pass Wolf",
-    "I'm a werewolf"), whoever named them first."""
+    "I'm a werewolf", "as a werewolf, I ..."), whoever named them first."""
     out = []
     for secret in secrets:
         for identity in secret.identities:
@@ -230,6 +232,8 @@ def admitted(text: str, secrets: Sequence[Secret]) -> list[str]:
             pattern = (
                 rf"\bI(?:'m|\s+am|\s+was)\s+(?:\w+ly\s+|in fact\s+)?(?:the\s+|a\s+|an\s+)?"
                 rf"{words}(?!\w)"
+                # "As a werewolf, I have an instinct for danger."
+                rf"|\bas\s+(?:the\s+|a\s+|an\s+)?{words},?\s+(?:I|my)\b"
             )
             if re.search(pattern, text, re.IGNORECASE):
                 out.append(identity)
