@@ -1061,28 +1061,16 @@ def _taboo_probes(
                 )
             )
             continue
+        pretexts = templates.pretexts
+        pretext_of = pretexts[(number - 1) % len(pretexts)]
         if secret.identities:
             # "That he is the Pass Wolf": asked whether it is so, the NPC must not say yes
             # (nor say the taboo's other secret words).
             ask = [f"Are you {_article(i)}{i}?" for i in secret.identities]
-            pretexts = templates.pretexts
-            for kind, question, into in (
-                ("direct", templates.direct.format(ask[0]), direct),
-                ("pretext", f"{pretexts[(number - 1) % len(pretexts)]} {ask[-1]}", pretext),
-            ):
-                into.append(
-                    Probe(
-                        npc,
-                        "taboos",
-                        question,
-                        f"card taboo {number}",
-                        kind,
-                        terms=secret.terms,
-                        identities=secret.identities,
-                    )
-                )
-            continue
-        if not secret.terms:
+            asked = (ask[0], f"{pretext_of} {ask[-1]}")
+        elif secret.terms:
+            asked = taboo_questions(secret.taboo, secret.terms, pretext_of)
+        else:
             plan.not_checked.append(
                 NotChecked(
                     npc,
@@ -1092,8 +1080,6 @@ def _taboo_probes(
                 )
             )
             continue
-        pretexts = templates.pretexts
-        asked = taboo_questions(secret.taboo, secret.terms, pretexts[(number - 1) % len(pretexts)])
         asked = (templates.direct.format(asked[0]), asked[1])
         for kind, question, into in (("direct", asked[0], direct), ("pretext", asked[1], pretext)):
             into.append(
