@@ -19,11 +19,13 @@ CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mythic
 # Override for CUDA/Metal builds:  make LLAMA_CMAKE_ARGS="-DGGML_CUDA=ON" test
 LLAMA_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' constraints.txt)
 CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
-AVX512_NEEDS := avx512f avx512bw avx512vl avx512_vnni avx512_bf16 avx512vbmi avx_vnni
+AVX512_NEEDS := avx512f avx512bw avx512vl avx512_vnni avx512_bf16 avx512vbmi
 HAVE_AVX512 := $(if $(strip $(foreach f,$(AVX512_NEEDS),$(if $(filter $(f),$(CPU_FLAGS)),,no))),,yes)
+# AVX-VNNI (the VEX form) is Intel's; AMD's Zen 4 has AVX-512 VNNI without it.
+HAVE_AVX_VNNI := $(filter avx_vnni,$(CPU_FLAGS))
 LLAMA_AVX2_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
-LLAMA_AVX512_ARGS := -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
-LLAMA_CMAKE_ARGS ?= $(strip $(LLAMA_AVX2_ARGS) $(if $(HAVE_AVX512),$(LLAMA_AVX512_ARGS)) -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF)
+LLAMA_AVX512_ARGS := -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON
+LLAMA_CMAKE_ARGS ?= $(strip $(LLAMA_AVX2_ARGS) $(if $(HAVE_AVX512),$(LLAMA_AVX512_ARGS)) $(if $(HAVE_AVX_VNNI),-DGGML_AVX_VNNI=ON) -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF)
 LLAMA_TAG := $(shell printf '%s %s' '$(LLAMA_VERSION)' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 LLAMA_WHEELS := $(CACHE_DIR)/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_TAG)
 INSTALLED := $(VENV)/.installed-$(EXTRAS)

@@ -841,7 +841,9 @@ async def test_a_spoken_line_waits_for_no_more_lore_than_more_lore_tokens(
     did and finds what the part evaluated cached (its running step finished, not undone)."""
     line = "Where can I buy silver in the Bone Market?"
     budget = 4 * settings.dialogue.more_lore_tokens
-    dialogue = {"prepare_step_tokens": 4096}
+    # The line filter off: a reply it cuts short reports no prompt tokens (they come with the
+    # engine's last delta), and this test counts the cached ones.
+    dialogue = {"prepare_step_tokens": 4096, "line_filter": False}
     async with running(engines, settings, chat=_chat(settings), dialogue=dialogue) as (_, gateway):
         actor = gateway.cast.actor("marla")
 
@@ -851,8 +853,11 @@ async def test_a_spoken_line_waits_for_no_more_lore_than_more_lore_tokens(
 
         async def answered(session: str, turn: str) -> str:
             """The context the turn `turn` told, once it is over (and its settle)."""
-            await until(lambda: actor.last_turn is not None and actor.last_turn.turn_id == turn)
-            await until(lambda: actor._warm_task is None or actor._warm_task.done())
+            # Bounded generously: a typed line tells all its lore (a slow machine takes a while).
+            await until(
+                lambda: actor.last_turn is not None and actor.last_turn.turn_id == turn, 240.0
+            )
+            await until(lambda: actor._warm_task is None or actor._warm_task.done(), 120.0)
             assert actor.last_turn is not None and actor.last_turn.finish in ("stop", "length")
             return "\n\n".join(m.content for m in actor.histories[session] if m.role == "system")
 
