@@ -26,7 +26,7 @@ from mythic.cli._quality import (
     secret_terms,
 )
 from mythic.config import MythicSettings
-from mythic.dialogue import deflection
+from mythic.dialogue import deflection, world_words
 from mythic.knowledge import load_world
 from mythic.training import CurationError, curate
 from tests.conftest import EXAMPLE_WORLD, ROOT
@@ -90,6 +90,10 @@ def test_only_clean_replies_that_pass_every_check_are_kept(tmp_path: Path) -> No
     assert keep(named, secrets, bran.persona.name) == "says its own name"
     given = _reply(bran, plan, talk, "I'm Bran Hollowell, and I guide folk through the fen.")
     assert keep(given, secrets, bran.persona.name) is None
+    # A word of the real world the player did not say, unless the world has it.
+    abroad = _reply(bran, plan, talk, "Quiet, friend. Quieter than Tokyo, I'd wager.")
+    assert keep(abroad) == "steps out of its world"
+    assert keep(abroad, known=world_words(["Tokyo is a fen town."])) is None
     failed = Reply(code, "", 1.0, error="timeout")
     assert keep(failed) == "error"
     taboo = next(p for p in npc.probes["taboos"] if p.terms)

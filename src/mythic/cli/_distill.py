@@ -48,7 +48,15 @@ from mythic.cli._quality import (
     table,
 )
 from mythic.config import MythicSettings
-from mythic.dialogue import Secret, admitted, affirmed, deflected, leaked
+from mythic.dialogue import (
+    Secret,
+    admitted,
+    affirmed,
+    deflected,
+    leaked,
+    stepped_out,
+    world_words,
+)
 
 DISTILL = Templates(
     in_character=(
@@ -145,11 +153,17 @@ class Kept:
     """The dropped replies with why, for the reader."""
 
 
-def keep(reply: Reply, secrets: Sequence[Secret] = (), name: str = "") -> str | None:
+def keep(
+    reply: Reply,
+    secrets: Sequence[Secret] = (),
+    name: str = "",
+    known: frozenset[str] = frozenset(),
+) -> str | None:
     """Why a teacher's reply is not training data (None: it is). `secrets`: the NPC's taboos
     (`secret_terms`), kept in every reply, not only when asked about them; `name`: its full
     name, which a line of its own does not say ("Stay on the stones, Bran Hollowell.")
-    unless to give it ("I'm ...")."""
+    unless to give it ("I'm ..."); `known`: its world's words (`world_words`), among which a
+    real-world word is the world's own."""
     if reply.error is not None:
         return "error"
     if len(reply.text.split()) < MIN_WORDS:
@@ -171,6 +185,8 @@ def keep(reply: Reply, secrets: Sequence[Secret] = (), name: str = "") -> str | 
         return "gives a secret away"
     if name and _names_itself(reply.text, name):
         return "says its own name"
+    if stepped_out(reply.text, heard, heard, known) is not None:
+        return "steps out of its world"
     return None
 
 
@@ -188,12 +204,13 @@ def kept_rows(runs: Sequence[ConfigRun], teacher: str, plan: Plan) -> Kept:
     """The teacher's replies that pass every check, as `load_extra` rows."""
     kept = Kept()
     npcs = {n.npc: n for n in plan.npcs}
+    known = world_words(plan.world.texts())
     for run in runs:
         for npc, replies in run.replies.items():
             persona = npcs[npc].persona
             secrets = secret_terms(persona, public_texts(plan.world, persona), plan.names)
             for reply in replies:
-                why = keep(reply, secrets, persona.name)
+                why = keep(reply, secrets, persona.name, known)
                 if why is not None:
                     kept.dropped[why] += 1
                     kept.left.append(

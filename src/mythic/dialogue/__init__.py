@@ -38,6 +38,8 @@ from mythic.dialogue._naturalness import (
     repeats,
     secrets_of,
     sentences,
+    stepped_out,
+    world_words,
 )
 from mythic.dialogue._phrases import PhraseBuffer
 from mythic.dialogue._states import (
@@ -110,5 +112,7 @@ __all__ = [
     "repeats",
     "secrets_of",
     "sentences",
+    "stepped_out",
     "validate_call",
+    "world_words",
 ]

@@ -58,6 +58,7 @@ from mythic.dialogue._naturalness import (
     reminder,
     secrets_of,
     sentences,
+    world_words,
 )
 from mythic.dialogue._phrases import PhraseBuffer, sentences_end
 from mythic.dialogue._states import DialogueState, DialogueStateMachine
@@ -313,6 +314,8 @@ class NPCActor:
         full = knowledge is None
         prompt = persona_prompt(cast.world, self.persona, section, full=full)
         self.system = ChatMessage("system", prompt)
+        self.known = cast.world_words | world_words([prompt])
+        """The words of the NPC's world and its prompt ("You know nothing of computers")."""
         self._generation = knowledge.generation if knowledge is not None else 0
 
     @property
@@ -1063,6 +1066,7 @@ class NPCActor:
             instructions=self.instructions,
             own=self.persona.catchphrases,
             asked=line,
+            known=self.known,
             hold_words=self.cast.settings.dialogue.first_phrase_words,
         )
 

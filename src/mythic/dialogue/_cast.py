@@ -40,6 +40,7 @@ from mythic.dialogue._events import (
     StopTurn,
 )
 from mythic.dialogue._mailbox import MailboxClosedError, MailboxFullError
+from mythic.dialogue._naturalness import world_words
 from mythic.dialogue._tools import npc_tools
 from mythic.engine import ChatMessage, GenerationRequest, Priority, Sampling
 from mythic.knowledge import Knowledge, World
@@ -267,6 +268,9 @@ class Cast:
 
     def _world_changed(self, world: World) -> None:
         self.world: World = world
+        self.world_words = world_words(world.texts())
+        """Every word the world's cards and lore say: the line filter lets its NPCs say a
+        real-world word the world has ("dollars" in a frontier town)."""
         if self.memory is not None:
             self.memory.npcs = {
                 npc_id: NPCInfo(p.name.split(",")[0], f"a {p.archetype} in {world.name}")

@@ -9,10 +9,11 @@ in them; a world's own words come from its cards (`name_forms`, `secrets_of`).
 
 from __future__ import annotations
 
+import operator
 import re
 import unicodedata
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Literal
@@ -293,6 +294,162 @@ def affirmed(text: str, asked: str, secrets: Sequence[Secret]) -> list[str]:
     return out
 
 
+# The real world's words: its countries and cities, money, machines, sport and the makers of
+# chat models. A reply that says one has stepped out of its world to do what was asked ("The
+# capital of France is Paris", "Argentina won", "about $60,000"), even in a character's
+# voice. A world whose own texts say the word (`world_words`) may use it, and the player's
+# own words are theirs ("France? Never heard of it."). General English, no world's words.
+# fmt: off
+_REAL_WORLD = re.compile(
+    r"(?<![\w$])(?:"
+    r"united states|america|americans?|usa|u\.s\.a?\.?|canada|mexico|brazil|argentina|"
+    r"colombia|peru|britain|british|united kingdom|u\.k\.|france|germany|italy|spain|portugal|"
+    r"netherlands|belgium|switzerland|sweden|norway|russia|ukraine|poland|china|japan|korea|"
+    r"india|pakistan|nigeria|australia|new zealand|europe|european union|africa|asia|"
+    r"antarctica|paris|london|new york|los angeles|chicago|tokyo|beijing|shanghai|moscow|"
+    r"berlin|madrid|washington,? d\.?c\.?|sydney|toronto|hollywood|silicon valley|"
+    r"eiffel tower|empire state|statue of liberty|big ben|"
+    r"dollars?|euros?|usd|eur|bitcoins?|cryptocurrenc(?:y|ies)|crypto|stock market|wall street|"
+    r"computers?|internet|online|websites?|e-?mails?|smartphones?|cell ?phones?|mobile phones?|"
+    r"laptops?|software|apps?|wi-?fi|algorithms?|databases?|programming|programmers?|"
+    r"coding|python|javascript|television|tv|video games?|social media|robots?|"
+    r"artificial intelligence|airplanes?|aeroplanes?|automobiles?|"
+    r"google|microsoft|facebook|twitter|youtube|netflix|amazon\.com|tesla|anthropic|nvidia|"
+    r"ibm|samsung|world cup|fifa|nba|nfl|super bowl|olympics|olympic games|premier league"
+    r")(?!\w)|\$\s?\d|\b(?:19|20)\d\d\b",
+    re.IGNORECASE,
+)
+# fmt: on
+
+
+def world_words(texts: Iterable[str]) -> frozenset[str]:
+    """The words a world's own texts (cards and lore) say, lowercased: a real-world word
+    among them belongs to that world (`real_world`); "$" when a text writes money so."""
+    words: set[str] = set()
+    for text in texts:
+        words.update(w.lower() for w in _WORDS.findall(text))
+        if "$" in text:
+            words.add("$")
+    return frozenset(words)
+
+
+def _owned(term: str, known: frozenset[str]) -> bool:
+    if term.startswith("$"):
+        return "$" in known or "dollars" in known or "dollar" in known
+    words = [w.lower() for w in _WORDS.findall(term)]
+    return bool(words) and all(w in known or w.rstrip("s") in known for w in words)
+
+
+def real_world(text: str, known: frozenset[str] = frozenset(), heard: str = "") -> str | None:
+    """The first word of the real world `text` says that neither its world's texts (`known`,
+    `world_words`) nor the player (`heard`) said, or None."""
+    for match in _REAL_WORLD.finditer(text):
+        term = match.group(0)
+        if _owned(term, known):
+            continue
+        if re.search(rf"(?<!\w){re.escape(term)}(?!\w)", heard, re.IGNORECASE):
+            continue
+        return term
+    return None
+
+
+_NUMBER_WORD = r"(\d+(?:\.\d+)?)"
+
+
+def _divide(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+_MUL, _ADD, _SUB = operator.mul, operator.add, operator.sub
+_OPERATIONS: dict[str, Callable[[float, float], float]] = {
+    "times": _MUL, "x": _MUL, "\u00d7": _MUL, "*": _MUL, "multiplied by": _MUL,
+    "plus": _ADD, "+": _ADD, "minus": _SUB, "divided by": _divide, "/": _divide,
+}  # fmt: skip
+_SUM = re.compile(
+    rf"{_NUMBER_WORD}\s*(times|multiplied by|divided by|plus|minus|x|\u00d7|\*|\+|/)\s*"
+    rf"{_NUMBER_WORD}",
+    re.IGNORECASE,
+)
+_POWER = re.compile(
+    rf"(?:square root of|cube root of)\s+{_NUMBER_WORD}|{_NUMBER_WORD}\s+"
+    r"(squared|cubed)",
+    re.IGNORECASE,
+)
+
+
+def _results(asked: str) -> set[str]:
+    """The answers, written as numbers, to the sums the player's line asks for."""
+    values = []
+    for a, op, b in _SUM.findall(asked):
+        values.append(_OPERATIONS[op.lower()](float(a), float(b)))
+    for match in _POWER.finditer(asked):
+        phrase = match.group(0).lower()
+        if match.group(1) is not None:
+            root = 2 if phrase.startswith("square") else 3
+            values.append(float(match.group(1)) ** (1 / root))
+        else:
+            values.append(float(match.group(2)) ** (2 if phrase.endswith("squared") else 3))
+    out = set()
+    for value in values:
+        if value != value or abs(value) > 1e15:  # nan: divided by zero
+            continue
+        rounded = round(value)
+        if abs(value - rounded) < 1e-9:
+            out |= {str(rounded), f"{rounded:,}"}
+        else:
+            out |= {f"{value:.2f}".rstrip("0"), f"{value:.1f}"}
+    return out
+
+
+def worked_sum(text: str, asked: str) -> str | None:
+    """The answer to a sum the player's line asks ("what is 17 times 23?") that `text` gives,
+    or None: a character of a game's world does not do the player's homework."""
+    for result in _results(asked):
+        if re.search(rf"(?<![\w.,]){re.escape(result)}(?![\w]|[.,]\d)", text):
+            return result
+    return None
+
+
+_AI_QUESTION = re.compile(
+    r"\bare you (?:really |actually |just |only |even )?(?:an? )?(?:AI|A\.I\.|artificial "
+    r"intelligence|(?:chat ?)?bot|robot|machine|computer|program|(?:large )?language model|"
+    r"LLM|assistant)\b",
+    re.IGNORECASE,
+)
+
+
+def owned_to_ai(text: str, asked: str) -> bool:
+    """Whether `text` says yes ("Yes.", "Aye, I am.") to the player asking whether the NPC is
+    an AI, a bot or a program."""
+    return bool(
+        _AI_QUESTION.search(asked) and _AFFIRMATIVE.search(text) and not _NEGATION.search(text)
+    )
+
+
+def stepped_out(
+    text: str,
+    asked: str = "",
+    heard: str = "",
+    known: frozenset[str] = frozenset(),
+    *,
+    first: bool = True,
+) -> str | None:
+    """How `text` does what a chat assistant would for the player rather than what a person
+    of the NPC's world would: names a thing of the real world (`real_world`), works the sum
+    asked (`worked_sum`) or, as a reply's `first` sentence, says yes to "are you an AI?"
+    (`owned_to_ai`); None when it doesn't. `asked`: the player's line; `heard`: all the
+    player said in the conversation (`asked` when empty)."""
+    term = real_world(text, known, heard or asked)
+    if term is not None:
+        return f"the real world: {term}"
+    result = worked_sum(text, asked) if asked else None
+    if result is not None:
+        return f"worked the sum: {result}"
+    if first and asked and owned_to_ai(text, asked):
+        return "a yes to being an AI"
+    return None
+
+
 def leaked(text: str, secrets: Sequence[Secret], heard: str = "") -> list[str]:
     """The secret terms `text` says that the player has not said themselves (`heard`):
     repeating the player's own words gives nothing away."""
@@ -456,6 +613,8 @@ class LineFilter:
     asked: str = ""
     """The player's line this reply answers: a yes to "are you <a secret identity>?" gives it
     away (`affirmed`)."""
+    known: frozenset[str] = frozenset()
+    """The words of the NPC's world (`world_words`): real-world words among them are its own."""
     hold_words: int = 6
     released: str = ""
     _held: str = ""
@@ -507,6 +666,11 @@ class LineFilter:
         labels = assistant_phrases(sentence)
         if labels:
             return Finding("assistant", labels[0])
+        # The real world named, a sum worked, or (in the reply's first sentence) a yes to
+        # "are you an AI?": the player's request done, not answered in character.
+        out = stepped_out(sentence, self.asked, self.heard, self.known, first=not self._said)
+        if out is not None:
+            return Finding("assistant", out)
         spoken = _without(sentence, self.own) if self.own else sentence
         narration = narrates_self(spoken, self.forms)
         if narration is not None:

@@ -160,6 +160,14 @@ class World:
         """The lore documents of `zone` (None: the world-wide ones)."""
         return [doc for doc in self.lore if doc.zone == zone]
 
+    def texts(self) -> list[str]:
+        """Everything the world's cards and lore say: its and its zones' descriptions, every
+        card's name, style, rules, taboos, catchphrases and backstory, every lore text."""
+        texts = [self.card.description, *(z.description for z in self.card.zones.values())]
+        for p in self.npcs.values():
+            texts += [p.name, p.style, *p.rules, *p.taboos, *p.catchphrases, p.backstory or ""]
+        return texts + [doc.text for doc in self.lore]
+
 
 class _LoreFront(_Card):
     title: Text | None = None
