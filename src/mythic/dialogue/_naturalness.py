@@ -216,11 +216,23 @@ _IDENTITY = re.compile(
 )
 
 
+_EVENT = re.compile(
+    r"\b(?:in|by|at|on|from|with|to|for|since|during|after|before|into|under)\b", re.IGNORECASE
+)
+
+
 def identities_of(taboo: str) -> tuple[str, ...]:
     """What a taboo says the NPC secretly is: "That he is the Pass Wolf, or that he is a
-    werewolf" gives ("Pass Wolf", "werewolf")."""
+    werewolf" gives ("Pass Wolf", "werewolf"). What happened to it is no identity: "That he
+    was bitten in 603" gives none (a number, or a phrase of when, where or by whom)."""
     found = [m.group(1).strip() for m in _IDENTITY.finditer(taboo)]
-    return tuple(dict.fromkeys(f for f in found if f and len(f.split()) <= 4))
+    return tuple(
+        dict.fromkeys(
+            f
+            for f in found
+            if f and len(f.split()) <= 4 and not _EVENT.search(f) and not re.search(r"\d", f)
+        )
+    )
 
 
 def admitted(text: str, secrets: Sequence[Secret]) -> list[str]:
