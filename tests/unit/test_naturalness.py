@@ -52,6 +52,7 @@ pytestmark = pytest.mark.unit
         "I'm Abel, a trapper, not an assistant.",
         "As the Countess, I have no physical body and no emotions.",
         "I am not capable of experiencing anything strange.",
+        "The player can buy rope at five pennies.",
     ],
 )
 def test_assistant_phrasing_is_found(text: str) -> None:
@@ -200,6 +201,14 @@ def test_reading_a_rule_of_the_card_back_is_an_echo() -> None:
     rules = ["Quote the tavern's prices and hours exactly as the lore gives them"]
     assert echoes("The tavern's prices and hours exactly as the lore gives them.", rules)
     assert echoes("A mug is three coppers, and we close at the third bell.", rules) is None
+    # A rule that holds facts is answered with them: its numbers and names are no echo.
+    facts = ["Guide travellers through Saltreed Fen for 1 silver mark, but never after dark"]
+    assert echoes("I guide travellers through Saltreed Fen for 1 silver mark.", facts) is None
+    assert echoes("Aye, I'll guide you, but never after dark, friend, never.", facts) is None
+    assert echoes("I guide travellers, but never after dark as the rule says.", facts) is None
+    warn = ["Warn travellers to keep to the Causeway and the white rags of the Reedway"]
+    assert echoes("Keep to the Causeway and the white rags of the Reedway.", warn) is None
+    assert echoes("Warn travellers to keep to the path, they say.", warn)
     check = LineFilter(instructions=rules)
     said, finding = _stream(check, _tokens("Prices and hours exactly as the lore gives them."))
     assert said == "" and finding is not None and finding.kind == "echo"

@@ -59,7 +59,7 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
          r"|(^|[.!?]\s+|\n)\W*From (?-i:[A-Z])[\w' .-]{0,60}:(\s|$)"),
         ("the fiction named",
          r"\b(video game|role-?play(ing)?|fictional character|in-character|non-player character"
-         r"|game character|as a character)\b"),
+         r"|game character|as a character|the player)\b"),
         ("markdown", r"(^|\n)\s*(#{1,6} |\*\*|[-*] \*\*|\d+\. \*\*)"),
         ("assistant opener",
          r"^\W*(certainly|sure|absolutely|of course)\b[!,.]?\s+(here'?s|here is|you can|i can)\b"
@@ -319,7 +319,9 @@ _REAL_WORLD = re.compile(
     r"netherlands|belgium|switzerland|sweden|norway|russia|ukraine|poland|china|japan|korea|"
     r"india|pakistan|nigeria|australia|new zealand|europe|european union|africa|asia|"
     r"antarctica|paris|london|new york|los angeles|chicago|tokyo|beijing|shanghai|moscow|"
-    r"berlin|madrid|washington,? d\.?c\.?|sydney|toronto|hollywood|silicon valley|"
+    r"berlin|madrid|washington,? d\.?c\.?|sydney|toronto|hollywood|silicon valley|rome|athens|"
+    r"cairo|dublin|vienna|amsterdam|lisbon|stockholm|oslo|warsaw|prague|budapest|delhi|mumbai|"
+    r"seoul|bangkok|istanbul|rio de janeiro|buenos aires|mexico city|ottawa|canberra|"
     r"eiffel tower|empire state|statue of liberty|big ben|"
     r"dollars?|euros?|usd|eur|bitcoins?|cryptocurrenc(?:y|ies)|crypto|stock market|wall street|"
     r"computers?|internet|online|websites?|e-?mails?|smartphones?|cell ?phones?|mobile phones?|"
@@ -476,18 +478,56 @@ def leaked(text: str, secrets: Sequence[Secret], heard: str = "") -> list[str]:
     return out
 
 
+_NUMBER_WORDS = frozenset(
+    """
+    one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen
+    twenty thirty forty fifty sixty hundred thousand dozen half first second third fourth
+    fifth sixth seventh eighth ninth tenth
+""".split()  # noqa: SIM905 - a word list reads better as words
+)
+
+
+def _facts(line: str) -> set[str]:
+    """The words of an instruction that carry the world's facts: its numbers and the names
+    it writes capitalised after its first word ("Sell pelts for 4 crowns", "keep to the
+    Causeway"), lowercased as `normalise` writes them."""
+    words = _WORDS.findall(unicodedata.normalize("NFKC", line))
+    return {
+        w.lower()
+        for i, w in enumerate(words)
+        if any(c.isdigit() for c in w)
+        or w.lower() in _NUMBER_WORDS
+        or (i and w[:1].isupper() and w[1:].islower())  # a name; not "I" or "AI"
+    }
+
+
 def echoes(text: str, instructions: Sequence[str], *, words: int = 6) -> str | None:
     """The instruction that `text` reads back: `words` words in a row of one of them (a rule,
     a taboo, the style of the card), or None. A line of the card is what the NPC follows,
-    not what it says ("Quote the prices exactly as the lore gives them.")."""
+    not what it says ("Quote the prices exactly as the lore gives them."). A stretch that
+    carries the line's facts (a number, a name: "I guide folk through Blackfen Marsh for 1
+    silver crown") answers with them: not an echo."""
     said = normalise(text).split()
     if len(said) < words:
         return None
-    runs = {tuple(said[i : i + words]) for i in range(len(said) - words + 1)}
     for line in instructions:
         told = normalise(line).split()
-        if any(tuple(told[i : i + words]) in runs for i in range(len(told) - words + 1)):
-            return line
+        runs = {tuple(told[i : i + words]) for i in range(len(told) - words + 1)}
+        covered = [False] * len(said)
+        for i in range(len(said) - words + 1):
+            if tuple(said[i : i + words]) in runs:
+                covered[i : i + words] = [True] * words
+        if not any(covered):
+            continue
+        facts = _facts(line)
+        stretch: list[str] = []
+        for word, inside in [*zip(said, covered, strict=True), ("", False)]:
+            if inside:
+                stretch.append(word)
+                continue
+            if stretch and not facts.intersection(stretch):
+                return line
+            stretch = []
     return None
 
 
