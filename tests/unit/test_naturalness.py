@@ -53,6 +53,8 @@ pytestmark = pytest.mark.unit
         "As the Countess, I have no physical body and no emotions.",
         "I am not capable of experiencing anything strange.",
         "The player can buy rope at five pennies.",
+        "You're welcome! I'm glad I could help.",
+        '{"zone":"old_town","time":"21:10"}',
     ],
 )
 def test_assistant_phrasing_is_found(text: str) -> None:

@@ -32,7 +32,8 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("let me know", r"\b(let me know|don'?t hesitate)\b"),
         ("here to help", r"\b(I'?m|I am) (always |just )?here to (help|assist)\b"),
         ("assist you", r"\bassist you\b|\bhelp you (today|with anything)\b"),
-        ("happy to help", r"\b(happy|glad) to (help|assist)\b"),
+        ("happy to help",
+         r"\b(happy|glad) (to|I could|I was able to|I can) (help|assist|be of)\b"),
         ("hope this helps", r"\bhope (this|that) helps\b"),
         ("great question", r"\b(great|good|excellent|interesting) question\b"),
         ("cannot assist",
@@ -61,6 +62,8 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
          r"\b(video game|role-?play(ing)?|fictional character|in-character|non-player character"
          r"|game character|as a character|the player)\b"),
         ("markdown", r"(^|\n)\s*(#{1,6} |\*\*|[-*] \*\*|\d+\. \*\*)"),
+        # The prompt's data read back: the scene's JSON ({"zone":"old_town", ...}).
+        ("data", r"[{\[]\s*\"\w+\"|\"\w+\"\s*:\s*[\"\[{\d]"),
         ("assistant opener",
          r"^\W*(certainly|sure|absolutely|of course)\b[!,.]?\s+(here'?s|here is|you can|i can)\b"
          r"|\bI can help you with (that|this)\b"),
