@@ -288,7 +288,9 @@ class DialogueSettings(_Section):
 
     line_filter: bool = True
     """Check each clause of a reply before it leaves (`mythic.dialogue.LineFilter`): assistant
-    phrasing ("feel free to ask", "as an AI"), the NPC speaking of itself in the third person,
+    phrasing ("feel free to ask", "as an AI"), stepping out of the world to do what was asked
+    (a real-world word the world and the player never said, the player's sum worked), the NPC
+    speaking of itself in the third person,
     a taboo's giveaway words (its card's names and numbers that are not public), a line of
     its card read back and a sentence the NPC already said in the conversation are never
     sent. A clause is released at its comma
