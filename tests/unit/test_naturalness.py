@@ -292,6 +292,8 @@ def test_a_reply_that_opens_as_an_earlier_one_did_is_a_repeat_however_short() ->
 def test_reading_the_prompts_own_sentences_back_is_an_echo() -> None:
     said = "Well, I am a person of this world, not an assistant, talking with a traveller."
     assert echoes(said, PROMPT_RULES) is not None
+    # Its numbers are no facts of the world: read back, they are still an echo.
+    assert echoes("I am Grisk, one to three short sentences of spoken dialogue.", PROMPT_RULES)
     assert echoes("I know nothing of computers, code, AI or any world but this.", PROMPT_RULES)
     assert echoes("I'm Marla, and I keep this tavern in my own way.", PROMPT_RULES) is None
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Literal
 
+from mythic.knowledge import PROMPT_RULES
+
 # Assistant phrasing: what a chat assistant says and a character in a game never does. A
 # maintained list (label, pattern); each label is counted by the scorecard.
 # fmt: off
@@ -508,8 +510,9 @@ def echoes(text: str, instructions: Sequence[str], *, words: int = 6) -> str | N
     """The instruction that `text` reads back: `words` words in a row of one of them (a rule,
     a taboo, the style of the card), or None. A line of the card is what the NPC follows,
     not what it says ("Quote the prices exactly as the lore gives them."). A stretch that
-    carries the line's facts (a number, a name: "I guide folk through Blackfen Marsh for 1
-    silver crown") answers with them: not an echo."""
+    carries a card line's facts (a number, a name: "I guide folk through Blackfen Marsh for 1
+    silver crown") answers with them: not an echo. The persona prompt's rules (`PROMPT_RULES`)
+    have no facts to tell."""
     said = normalise(text).split()
     if len(said) < words:
         return None
@@ -522,7 +525,8 @@ def echoes(text: str, instructions: Sequence[str], *, words: int = 6) -> str | N
                 covered[i : i + words] = [True] * words
         if not any(covered):
             continue
-        facts = _facts(line)
+        # The prompt's own rules hold no facts of the world ("one to three short sentences").
+        facts = set() if line in PROMPT_RULES else _facts(line)
         stretch: list[str] = []
         for word, inside in [*zip(said, covered, strict=True), ("", False)]:
             if inside:
