@@ -437,6 +437,13 @@ def test_working_the_players_sum_or_owning_to_being_an_ai_is_stepping_out() -> N
     assert stepped_out("Yes, I keep the ferry.", "Are you the ferryman?") is None
     # Only a reply's first sentence answers the question yes or no.
     assert stepped_out("Yes.", "Are you a bot?", first=False) is None
+    # Hostile sums: huge numbers, division by zero, a thousand of them: no error, no catch.
+    huge = "9" * 400
+    for asked in (f"What is {huge} squared?", f"{huge} times {huge}?", "What is 5 divided by 0?",
+                  "square root of " + "9" * 200, " ".join(["2 times 3"] * 1000)):  # fmt: skip
+        assert stepped_out("Ask the clerk, not me.", asked) is None
+    assert stepped_out("Six.", " ".join(["2 times 3"] * 1000)) is None  # in words
+    assert stepped_out("That's 6.", " ".join(["2 times 3"] * 1000)) == "worked the sum: 6"
 
 
 def test_the_filter_catches_a_real_world_answer_before_it_leaves() -> None:

@@ -399,15 +399,19 @@ _POWER = re.compile(
 def _results(asked: str) -> set[str]:
     """The answers, written as numbers, to the sums the player's line asks for."""
     values = []
+    # An operand past 1e15 is no sum anyone works aloud (and its square overflows a float).
     for a, op, b in _SUM.findall(asked):
-        values.append(_OPERATIONS[op.lower()](float(a), float(b)))
+        if max(float(a), float(b)) <= 1e15:
+            values.append(_OPERATIONS[op.lower()](float(a), float(b)))
     for match in _POWER.finditer(asked):
         phrase = match.group(0).lower()
+        base = float(match.group(1) or match.group(2))
+        if base > 1e15:
+            continue
         if match.group(1) is not None:
-            root = 2 if phrase.startswith("square") else 3
-            values.append(float(match.group(1)) ** (1 / root))
+            values.append(base ** (1 / (2 if phrase.startswith("square") else 3)))
         else:
-            values.append(float(match.group(2)) ** (2 if phrase.endswith("squared") else 3))
+            values.append(base ** (2 if phrase.endswith("squared") else 3))
     out = set()
     for value in values:
         if value != value or abs(value) > 1e15:  # nan: divided by zero
