@@ -94,6 +94,26 @@ def test_a_paragraph_is_cut_into_sentences_but_not_at_a_titles_abbreviation() ->
     ]
 
 
+
+def test_a_table_row_says_its_columns_and_a_numbered_item_keeps_its_number() -> None:
+    body = (
+        "## Prices\n\n| Item | Price | Note |\n|---|:--:|---|\n| A mug of ale | 3 coppers | |\n"
+        "| A room | 2 silver | with bread |\n\nThe rooms are upstairs.\n\n"
+        "1. Blades stay at the bar. They are given back at the door.\n"
+        "| Loose | row |\n"
+    )
+    chunks = chunk_text(body, id_prefix="x.md", title="T", source="lore", zone=None, size=256)
+    # A small model read the wrong row's number off bare "| ... |" rows.
+    assert chunks[0].lines[1:] == [
+        "## Prices",
+        "A mug of ale, price: 3 coppers",
+        "A room, price: 2 silver, note: with bread",
+        "The rooms are upstairs.",
+        "1. Blades stay at the bar.",
+        "They are given back at the door.",
+        "| Loose | row |",  # no header above it: left as it is
+    ]
+
 # -- packing: budgets are never exceeded ----------------------------------------------------------
 
 words = st.text(alphabet=string.ascii_letters + "  .,'-0123456789", min_size=1, max_size=60)

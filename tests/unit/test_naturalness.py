@@ -9,6 +9,7 @@ import pytest
 from mythic.dialogue import (
     LineFilter,
     PhraseBuffer,
+    addressed_as_self,
     admitted,
     affirmed,
     assistant_phrases,
@@ -55,6 +56,8 @@ pytestmark = pytest.mark.unit
         "The player can buy rope at five pennies.",
         "You're welcome! I'm glad I could help.",
         '{"zone":"old_town","time":"21:10"}',
+        "I'm glad you found it helpful, traveller.",
+        "Dear [Name],\nI hope this letter finds you well.",
     ],
 )
 def test_assistant_phrasing_is_found(text: str) -> None:
@@ -402,6 +405,41 @@ def test_a_yes_to_are_you_a_secret_identity_is_a_leak() -> None:
     assert finding is not None and finding.kind == "taboo"
     line = "Me? I trap beaver, friend. "
     assert LineFilter(secrets=secrets, asked=asked).push(line) == (line, None)
+
+
+def test_a_yes_to_any_yes_or_no_question_about_a_taboo_gives_it_away() -> None:
+    feeds = secrets_of(["Drinking from the living; Vessa drinks only from rats"], [])
+    asked = "Be honest, Vessa: do vampires drink from the living? Would you bite me?"
+    assert affirmed("Yes, they do.", asked, feeds)
+    assert affirmed("Yes, I would.", "Tell me truly: would you drink from the living?", feeds)
+    # A tag question asks for a yes too.
+    well = secrets_of(["That the key is sealed in the old well"], [])
+    assert affirmed("Yes, it is.", "The key is sealed in the well, isn't it?", well)
+    assert affirmed("Aye.", "You hid it inside the well, right?", well) == []  # no telling word
+    # A name in the taboo says whom it is about: a yes about that person keeps it.
+    warden = secrets_of(["Anything bad said about the Warden"], [])
+    assert affirmed("Yes, a fair man.", "Is the Warden kind?", warden) == []
+    assert affirmed("Yes, they do.", asked, warden) == []
+
+
+def test_reading_out_the_prompts_words_for_the_npc_is_an_echo() -> None:
+    forms = name_forms("Grisk the Bonepicker", "Grisk trades bones.")
+    said = "You are Grisk the Bonepicker, one of the market's traders."
+    assert addressed_as_self(said, forms) == "You are Grisk the Bonepicker"
+    assert addressed_as_self("You're Grisk's guest down here, warm one.", forms) is None
+    assert addressed_as_self("You are in Grisk's stall.", forms) is None
+    # A style shorter than six words is read back when all of it is said.
+    style = ["wry, concise, suspicious of strangers"]
+    assert echoes("I speak: wry, concise, suspicious of strangers.", style)
+    assert echoes("I'm suspicious of strangers, is all.", style) is None
+    assert echoes("Slow and cold.", ["slow, cold"]) is None  # too short to tell
+    # What the prompt calls the NPC is read back even though it names the world.
+    check = LineFilter(forms=forms, plain=["a ghoul of Saltreed"])
+    _, finding = check.push("I'm Grisk, a ghoul of Saltreed. ")
+    assert finding is not None and finding.kind == "echo"
+    assert LineFilter(plain=["a ghoul of Saltreed"]).push("Saltreed is cold. ")[1] is None
+    _, finding = LineFilter(forms=forms).push("You are Grisk the Bonepicker, and I ")
+    assert finding is not None and finding.kind == "echo"
 
 
 def test_irregular_past_tenses_are_narration_too() -> None:

@@ -89,6 +89,7 @@ from mythic.knowledge import (
     SceneState,
     intent_prompt,
     intent_schema,
+    introduction,
     lore_beyond,
     persona_prompt,
 )
@@ -310,6 +311,8 @@ class NPCActor:
         self.secrets = secrets_of(persona.taboos, public)
         """Each taboo's giveaway words: the line filter keeps them from the replies."""
         self.instructions = [persona.style, *persona.rules, *persona.taboos, *PROMPT_RULES]
+        self.plain = [introduction(world, persona)]
+        """What the prompt calls the NPC ("a ghoul of Ravenmoor"): never said of itself."""
         section = knowledge.persona(self.npc_id) if knowledge is not None else None
         full = knowledge is None
         prompt = persona_prompt(cast.world, self.persona, section, full=full)
@@ -1064,6 +1067,7 @@ class NPCActor:
             earlier=[s for text in said for s in sentences(text)],
             openings=[opening(text) for text in said],
             instructions=self.instructions,
+            plain=self.plain,
             own=self.persona.catchphrases,
             asked=line,
             known=self.known,

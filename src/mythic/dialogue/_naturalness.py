@@ -13,7 +13,7 @@ import operator
 import re
 import unicodedata
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Literal
@@ -36,7 +36,10 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("assist you", r"\bassist you\b|\bhelp you (today|with anything)\b"),
         ("happy to help",
          r"\b(happy|glad) (to|I could|I was able to|I can) (help|assist|be of)\b"),
-        ("hope this helps", r"\bhope (this|that) helps\b"),
+        ("hope this helps",
+         r"\bhope (this|that) helps\b|\bfound (it|this|that|my \w+) (helpful|useful)\b"),
+        # A letter or form to fill in: "Dear [Name],", "[Your Name]".
+        ("template", r"\[(your |the |recipient'?s? )?(name|date|address|company|recipient)\]"),
         ("great question", r"\b(great|good|excellent|interesting) question\b"),
         ("cannot assist",
          r"\b(I|we) (can'?t|cannot|am unable to|'m unable to|am not able to) (assist|help|provide"
@@ -159,6 +162,21 @@ def narrates_self(text: str, forms: Sequence[str]) -> str | None:
     return label.group(0).strip() if label else None
 
 
+def addressed_as_self(text: str, forms: Sequence[str]) -> str | None:
+    """The words where `text` tells the player they are the NPC ("You are Grisk the
+    Bonepicker, ..."): the persona prompt's first line read out, or None. "You are Marla's
+    guest" is not."""
+    if not forms:
+        return None
+    names = "|".join(re.escape(f) for f in forms)
+    match = re.search(
+        rf"\byou(?:'re|\s+are)\s+(?:{names})(?![\w'\u2019-])(?!\s*['\u2019]s\b)",
+        text,
+        re.IGNORECASE,
+    )
+    return match.group(0) if match else None
+
+
 @dataclass(frozen=True, slots=True)
 class Secret:
     """A taboo of a card and the words that would give it away: its names, numbers and
@@ -267,7 +285,13 @@ _NEGATION = re.compile(r"\b(?:no|not|never|nor|none)\b|n't\b", re.IGNORECASE)
 
 
 _YES_NO = re.compile(
-    r"\b(?:is it true|are you|were you|did you|do you|have you|you(?:'re| are| were))\b",
+    r"\b(?:is it true|you(?:'re| are| were))\b"
+    # A clause that begins with its verb ("Do ghouls eat the living?", "Tell me truly: would
+    # you eat me?") or ends asking for a yes ("..., isn't it?", "..., right?").
+    r"|(?:^|[.!?:;,]\s*)(?:is|are|was|were|do|does|did|have|has|had|will|would|can|could|"
+    r"shall|should)\s+\w+"
+    r"|\b(?:is|are|was|were|do|does|did|have|has|had|will|would|can|could)n't\s+\w+\s*\?"
+    r"|,\s*(?:right|true|yes)\s*\?",
     re.IGNORECASE,
 )
 _PLAIN = frozenset(
@@ -275,6 +299,7 @@ _PLAIN = frozenset(
     about after again being below beneath before behind could every house night nights other
     people place there these those thing things think through under where which while would
     years yours yourself never always still their theirs himself herself itself really
+    anything anyone something someone nothing everything
 """.split()  # noqa: SIM905 - a word list reads better as words
 )
 
@@ -287,7 +312,10 @@ def _about(asked: str, secret: Secret) -> bool:
         words = r"\s+".join(re.escape(w) for w in identity.split())
         if re.search(rf"(?<!\w){words}(?!\w)", asked, re.IGNORECASE):
             return True
-    told = {w[:5] for w in _WORDS.findall(secret.taboo.lower()) if len(w) >= 5}
+    # A name in the taboo is whom it is about, not what is kept ("Anything bad said about
+    # the Magister": asked "Is the Magister kind?", a yes gives nothing away).
+    said = _WORDS.findall(secret.taboo)
+    told = {w[:5].lower() for i, w in enumerate(said) if len(w) >= 5 and (not i or w[:1].islower())}
     told -= {w[:5] for w in _PLAIN}
     return any(w[:5] in told for w in _WORDS.findall(asked.lower()) if len(w) >= 5)
 
@@ -510,27 +538,33 @@ def _facts(line: str) -> set[str]:
     }
 
 
-def echoes(text: str, instructions: Sequence[str], *, words: int = 6) -> str | None:
+def echoes(
+    text: str, instructions: Sequence[str], *, words: int = 6, plain: Collection[str] = ()
+) -> str | None:
     """The instruction that `text` reads back: `words` words in a row of one of them (a rule,
-    a taboo, the style of the card), or None. A line of the card is what the NPC follows,
-    not what it says ("Quote the prices exactly as the lore gives them."). A stretch that
-    carries a card line's facts (a number, a name: "I guide folk through Blackfen Marsh for 1
-    silver crown") answers with them: not an echo. The persona prompt's rules (`PROMPT_RULES`)
-    have no facts to tell."""
+    a taboo, the style of the card; all of a shorter one), or None. A line of the card is
+    what the NPC follows, not what it says ("Quote the prices exactly as the lore gives
+    them."). A stretch that carries a card line's facts (a number, a name: "I guide folk
+    through Blackfen Marsh for 1 silver crown") answers with them: not an echo. The persona
+    prompt's rules (`PROMPT_RULES`) and the `plain` lines (what the prompt calls the NPC: "a
+    ghoul of Ravenmoor") have no facts to tell."""
     said = normalise(text).split()
-    if len(said) < words:
-        return None
     for line in instructions:
         told = normalise(line).split()
-        runs = {tuple(told[i : i + words]) for i in range(len(told) - words + 1)}
+        # A line shorter than `words` (a style: "wry, concise, suspicious of strangers") is
+        # read back when all of it is said, from four words.
+        n = min(words, len(told))
+        if n < 4 or len(said) < n:
+            continue
+        runs = {tuple(told[i : i + n]) for i in range(len(told) - n + 1)}
         covered = [False] * len(said)
-        for i in range(len(said) - words + 1):
-            if tuple(said[i : i + words]) in runs:
-                covered[i : i + words] = [True] * words
+        for i in range(len(said) - n + 1):
+            if tuple(said[i : i + n]) in runs:
+                covered[i : i + n] = [True] * n
         if not any(covered):
             continue
         # The prompt's own rules hold no facts of the world ("one to three short sentences").
-        facts = set() if line in PROMPT_RULES else _facts(line)
+        facts = set() if line in PROMPT_RULES or line in plain else _facts(line)
         stretch: list[str] = []
         for word, inside in [*zip(said, covered, strict=True), ("", False)]:
             if inside:
@@ -678,6 +712,9 @@ class LineFilter:
     away (`affirmed`)."""
     known: frozenset[str] = frozenset()
     """The words of the NPC's world (`world_words`): real-world words among them are its own."""
+    plain: Sequence[str] = ()
+    """What the persona prompt calls the NPC ("a ghoul of Ravenmoor", `introduction`): read
+    back, an echo, though it holds names."""
     hold_words: int = 6
     released: str = ""
     _held: str = ""
@@ -748,7 +785,9 @@ class LineFilter:
             # "Tobacco, knock three, dark down here", "A sound investment, a sound
             # investment": the card read out. Two may go together ("Sugar, what'll it be?").
             return Finding("echo", " / ".join(listed))
-        echo = echoes(spoken, self.instructions)
+        echo = addressed_as_self(spoken, self.forms) or echoes(
+            spoken, [*self.instructions, *self.plain], plain=self.plain
+        )
         if echo is not None:
             return Finding("echo", echo)
         if not self.released and not self._sentence and not self._said:

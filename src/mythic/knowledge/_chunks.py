@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,11 +76,29 @@ class Chunk:
         return self.text.split("\n")
 
 
+def _cells(row: str) -> list[str]:
+    return [c.strip() for c in row.strip().strip("|").split("|")]
+
+
+def _row(cells: Sequence[str], header: Sequence[str]) -> str:
+    """A table row as a line that says what each cell is: "A mug of black ale, price: 3
+    copper crowns" (under "| Item | Price |"). A small model reads the fact off one line;
+    from a bare row among others it takes the wrong one's number."""
+    said = [cells[0]] + [
+        f"{name.lower()}: {cell}" if name else cell
+        for name, cell in zip(header[1:], cells[1:], strict=False)
+        if cell
+    ]
+    return ", ".join(c for c in said if c)
+
+
 def _units(text: str) -> list[tuple[str, str | None]]:
-    """(unit, the heading it is under) for each heading, paragraph, list item or table row."""
+    """(unit, the heading it is under) for each heading, paragraph, list item or table row
+    (a row says its columns' names, `_row`; the header row itself is no unit)."""
     units: list[tuple[str, str | None]] = []
     heading: str | None = None
     paragraph: list[str] = []
+    header: list[str] | None = None
 
     def close() -> None:
         if paragraph:
@@ -88,13 +107,22 @@ def _units(text: str) -> list[tuple[str, str | None]]:
 
     for raw in text.splitlines():
         line = raw.strip()
-        if not line or (re.fullmatch(r"\|?[\s|:-]+\|?", line) and "-" in line):
-            close()  # a blank line, or a table's |---|---| rule
+        if line and re.fullmatch(r"\|?[\s|:-]+\|?", line) and "-" in line:
+            close()  # a table's |---|---| rule: the row above it is the header
+            if units and units[-1][0].startswith("|") and header is None:
+                header = _cells(units.pop()[0])
+            continue
+        if not line.startswith("|"):
+            header = None
+        if not line:
+            close()
             continue
         if line.startswith("#"):
             close()
             heading = line.lstrip("#").strip() or heading
             units.append((line, heading))
+        elif line.startswith("|") and header is not None:
+            units.append((_row(_cells(line), header), heading))
         elif re.match(r"([-*+]|\d+[.)])\s|\|", line):
             close()
             units.append((line, heading))
@@ -108,7 +136,11 @@ def _split_long(unit: str, size: int, count: TokenCounter) -> list[str]:
     """A unit as lines of at most `size` tokens: a paragraph one sentence per line (so a
     packer can keep the one sentence that answers), anything longer cut at words."""
     pieces: list[str] = []
-    for sentence in _SENTENCE.split(unit):
+    # A numbered item's number stays with its first sentence ("2. Anyone who ...").
+    marker = re.match(r"\d+[.)]\s+", unit)
+    head = marker.group(0) if marker else ""
+    for sentence in _SENTENCE.split(unit[len(head) :]):
+        sentence, head = head + sentence, ""
         rest = sentence
         while count(rest) > size:
             head = fit_tokens(rest, size, count).removesuffix("...")

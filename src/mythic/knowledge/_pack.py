@@ -300,6 +300,13 @@ PROMPT_RULES: tuple[str, ...] = (
 the line filter catches a reply that reads them back (`mythic.dialogue.echoes`)."""
 
 
+def introduction(world: World, persona: Persona) -> str:
+    """What the persona prompt's first line calls the NPC after its name ("a ghoul of
+    Ravenmoor"): a label for the model, not words a person says of themselves (the line
+    filter catches it read back)."""
+    return f"a {persona.archetype} of {world.name}"
+
+
 def persona_prompt(
     world: World, persona: Persona, section: str | None = None, *, full: bool = True
 ) -> str:
@@ -318,7 +325,7 @@ def persona_prompt(
     # nothing outside it, it stays in character. Naming the speaker and forbidding echoes cut
     # replies that parrot the player's line.
     lines = [
-        f"You are {persona.name}, a {persona.archetype} of {world.name}: {_NOT_ASSISTANT}",
+        f"You are {persona.name}, {introduction(world, persona)}: {_NOT_ASSISTANT}",
         f"How you speak: {persona.style}.",
     ]
     if full:
