@@ -94,7 +94,6 @@ def test_a_paragraph_is_cut_into_sentences_but_not_at_a_titles_abbreviation() ->
     ]
 
 
-
 def test_a_table_row_says_its_columns_and_a_numbered_item_keeps_its_number() -> None:
     body = (
         "## Prices\n\n| Item | Price | Note |\n|---|:--:|---|\n| A mug of ale | 3 coppers | |\n"
@@ -113,6 +112,7 @@ def test_a_table_row_says_its_columns_and_a_numbered_item_keeps_its_number() -> 
         "They are given back at the door.",
         "| Loose | row |",  # no header above it: left as it is
     ]
+
 
 # -- packing: budgets are never exceeded ----------------------------------------------------------
 

@@ -25,6 +25,8 @@ from mythic.dialogue import (
     secrets_of,
     sentences,
     stepped_out,
+    telling,
+    touched,
     world_words,
 )
 from mythic.knowledge import PROMPT_RULES
@@ -420,6 +422,51 @@ def test_a_yes_to_any_yes_or_no_question_about_a_taboo_gives_it_away() -> None:
     warden = secrets_of(["Anything bad said about the Warden"], [])
     assert affirmed("Yes, a fair man.", "Is the Warden kind?", warden) == []
     assert affirmed("Yes, they do.", asked, warden) == []
+
+
+def test_telling_a_taboos_content_in_other_words_gives_it_away() -> None:
+    secrets = secrets_of(
+        ["That he chains himself in the cellar of the Sunken Mill on full-moon nights"], []
+    )
+    assert telling(secrets[0].taboo) == ("chain", "cella")
+    assert touched("I chain myself in the cellar when the moon is up.", secrets)
+    assert touched("Chained in the cellar, every month.", secrets)
+    assert touched("The cellar is cold and wet.", secrets) == []  # one word: the place
+    assert touched("I never chain myself in any cellar.", secrets) == []  # a denial
+    # The player's own words are not the NPC's telling; a name's words are the name.
+    assert touched("I chain myself there.", secrets, heard="What is in the cellar?") == []
+    mill = secrets_of(["How her husband drowned in the river"], [])
+    assert touched("Welcome to the Drowned Husband inn.", mill) == []
+    assert touched("My husband drowned in spring.", mill)
+    _, finding = LineFilter(secrets=secrets).push("Aye, I chain myself in the cellar. ")
+    assert finding is not None and finding.kind == "taboo"
+    # A taboo of one telling word is kept by the prompt, not by words.
+    assert touched("Mocking is for fools.", secrets_of(["Mocking Saint Veyra"], [])) == []
+
+
+def test_a_clause_that_begins_reading_an_instruction_waits_for_the_next() -> None:
+    # "I know nothing of computers," could go on as the prompt's rule: held, and the rule
+    # read out is caught with nothing of it said.
+    rules = {"instructions": PROMPT_RULES, "known": world_words(PROMPT_RULES)}
+    check = LineFilter(**rules)  # type: ignore[arg-type]
+    said, finding = _stream(check, _tokens("I know nothing of computers, code, AI or any world."))
+    assert said == "" and finding is not None and finding.kind == "echo"
+    style = ["wry, concise, suspicious of strangers; talks about money plainly"]
+    said, finding = _stream(
+        LineFilter(instructions=style), _tokens("I speak: wry, concise, suspicious of strangers.")
+    )
+    assert said == "I speak: wry, " and finding is not None and finding.kind == "echo"
+    # Held clauses that go on as the NPC's own words leave with the next clause, unchanged.
+    text = "I know nothing of computers, stranger, and I care less. Ale is three coppers."
+    check = LineFilter(**rules)  # type: ignore[arg-type]
+    released, finding = check.push("I know nothing of computers, ")
+    assert released == "" and finding is None
+    released, finding = check.push("stranger, ")
+    assert released == "I know nothing of computers, stranger, " and finding is None
+    rest = text.removeprefix("I know nothing of computers, stranger, ")
+    assert _stream(check, _tokens(rest)) == (rest, None)
+    # A clean reply's first phrase is not held.
+    assert LineFilter(instructions=PROMPT_RULES).push("Three coppers, ")[0] == "Three coppers, "
 
 
 def test_reading_out_the_prompts_words_for_the_npc_is_an_echo() -> None:

@@ -55,6 +55,7 @@ from mythic.dialogue import (
     deflected,
     leaked,
     stepped_out,
+    touched,
     world_words,
 )
 
@@ -180,6 +181,8 @@ def keep(
         return "too long"
     heard = reply.probe.question
     if leaked(reply.text, secrets, heard) or admitted(reply.text, secrets):
+        return "gives a secret away"
+    if touched(reply.text, secrets, heard):
         return "gives a secret away"
     if affirmed(reply.text, heard, secrets):
         return "gives a secret away"

@@ -40,6 +40,8 @@ from mythic.dialogue._naturalness import (
     secrets_of,
     sentences,
     stepped_out,
+    telling,
+    touched,
     world_words,
 )
 from mythic.dialogue._phrases import PhraseBuffer
@@ -115,6 +117,8 @@ __all__ = [
     "secrets_of",
     "sentences",
     "stepped_out",
+    "telling",
+    "touched",
     "validate_call",
     "world_words",
 ]

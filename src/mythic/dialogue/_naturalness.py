@@ -36,6 +36,9 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("assist you", r"\bassist you\b|\bhelp you (today|with anything)\b"),
         ("happy to help",
          r"\b(happy|glad) (to|I could|I was able to|I can) (help|assist|be of)\b"),
+        ("provide information",
+         r"\bprovide (you )?(with )?(information|assistance|answers)\b"
+         r"|\bI (only |just )?answer (your |any )?questions\b"),
         ("hope this helps",
          r"\bhope (this|that) helps\b|\bfound (it|this|that|my \w+) (helpful|useful)\b"),
         # A letter or form to fill in: "Dear [Name],", "[Your Name]".
@@ -299,7 +302,8 @@ _PLAIN = frozenset(
     about after again being below beneath before behind could every house night nights other
     people place there these those thing things think through under where which while would
     years yours yourself never always still their theirs himself herself itself really
-    anything anyone something someone nothing everything
+    anything anyone something someone nothing everything against inside around without within
+    among because maybe words
 """.split()  # noqa: SIM905 - a word list reads better as words
 )
 
@@ -312,12 +316,36 @@ def _about(asked: str, secret: Secret) -> bool:
         words = r"\s+".join(re.escape(w) for w in identity.split())
         if re.search(rf"(?<!\w){words}(?!\w)", asked, re.IGNORECASE):
             return True
-    # A name in the taboo is whom it is about, not what is kept ("Anything bad said about
-    # the Magister": asked "Is the Magister kind?", a yes gives nothing away).
-    said = _WORDS.findall(secret.taboo)
-    told = {w[:5].lower() for i, w in enumerate(said) if len(w) >= 5 and (not i or w[:1].islower())}
-    told -= {w[:5] for w in _PLAIN}
+    told = set(telling(secret.taboo))
     return any(w[:5] in told for w in _WORDS.findall(asked.lower()) if len(w) >= 5)
+
+
+def telling(taboo: str) -> tuple[str, ...]:
+    """The telling words of a taboo, as their first five letters: its words of five letters
+    or more that are not plain ("chains", "crypt"). A name in it is whom it is about, not
+    what is kept ("Anything bad said about the Magister": asked "Is the Magister kind?", a
+    yes gives nothing away); its first word is capitalised as any first word is."""
+    said = _WORDS.findall(taboo)
+    stems = [
+        w[:5].lower() for i, w in enumerate(said) if len(w) >= 5 and (not i or w[:1].islower())
+    ]
+    plain = {w[:5] for w in _PLAIN}
+    return tuple(dict.fromkeys(w for w in stems if w not in plain))
+
+
+def touched(text: str, secrets: Sequence[Secret], heard: str = "") -> list[str]:
+    """The taboos whose content `text` tells in its own words: two or more of a taboo's
+    telling words (`telling`) that the player has not said ("I chain myself in the crypt"
+    for "That he chains himself in the crypt of the Drowned Chapel"). One alone is talk
+    about the place or the thing ("The crypt is cold"); a taboo with one telling word
+    ("Mocking Saint Veyra") is never touched this way, nor is a denial ("I never ...")."""
+    if _NEGATION.search(text):
+        return []  # "I never chain myself in the crypt": denied, not told
+    # A name's words are the name ("the Drowned Lantern"), not the taboo's "drowned".
+    words = _WORDS.findall(text)
+    said = {w[:5].lower() for i, w in enumerate(words) if len(w) >= 5 and (not i or w.islower())}
+    said -= {w[:5] for w in _WORDS.findall(heard.lower()) if len(w) >= 5}
+    return [s.taboo for s in secrets if len(said.intersection(telling(s.taboo))) >= 2]
 
 
 def affirmed(text: str, asked: str, secrets: Sequence[Secret]) -> list[str]:
@@ -539,7 +567,7 @@ def _facts(line: str) -> set[str]:
 
 
 def echoes(
-    text: str, instructions: Sequence[str], *, words: int = 6, plain: Collection[str] = ()
+    text: str, instructions: Sequence[str], *, words: int = 5, plain: Collection[str] = ()
 ) -> str | None:
     """The instruction that `text` reads back: `words` words in a row of one of them (a rule,
     a taboo, the style of the card; all of a shorter one), or None. A line of the card is
@@ -722,6 +750,10 @@ class LineFilter:
     _said: list[str] = field(default_factory=list)
     _passed: str = ""
     """Every clause checked so far (released, or about to be)."""
+    _pending: str = ""
+    """Clauses checked but not released: the sentence so far ends as an instruction's words
+    begin ("I know nothing of computers,"), and the next clause tells whether it reads it."""
+    _grams: frozenset[tuple[str, ...]] | None = None
 
     def push(self, text: str) -> tuple[str, Finding | None]:
         self._held += text
@@ -733,19 +765,46 @@ class LineFilter:
             piece, self._held = self._held[:end], self._held[end:]
             finding = self._check(piece)
             if finding is not None:
-                self._held = ""
+                self._held = self._pending = ""
                 return self._release("".join(out)), finding
-            out.append(piece)
             self._passed += piece
+            self._pending += piece
+            if not self._reading():
+                out.append(self._pending)
+                self._pending = ""
         return self._release("".join(out)), None
 
     def finish(self) -> tuple[str, Finding | None]:
         """The reply has ended: check and release what is still held."""
         piece, self._held = self._held, ""
+        pending, self._pending = self._pending, ""
         if not piece:
-            return "", None
+            return self._release(pending), None
         finding = self._check(piece, final=True)
-        return ("", finding) if finding is not None else (self._release(piece), None)
+        return ("", finding) if finding is not None else (self._release(pending + piece), None)
+
+    def _reading(self) -> bool:
+        """Whether the sentence so far ends with words in a row of an instruction: three or
+        more, one of five letters or longer (not "of the world"), or two of three letters
+        or more, one of six ("wry, concise"). It may be reading it out, so it waits for its
+        next clause."""
+        if self._grams is None:
+            grams: set[tuple[str, ...]] = set()
+            for line in (*self.instructions, *self.plain):
+                told = normalise(line).split()
+                for n in (2, 3, 4):
+                    grams.update(tuple(told[i : i + n]) for i in range(len(told) - n + 1))
+            self._grams = frozenset(grams)
+        tail = normalise(self._sentence).split()[-4:]
+        for n in (4, 3, 2):
+            run = tuple(tail[-n:])
+            if len(tail) < n or run not in self._grams:
+                continue
+            if n > 2 and any(len(w) >= 5 for w in run):
+                return True
+            if n == 2 and min(map(len, run)) >= 3 and max(map(len, run)) >= 6:
+                return True
+        return False
 
     def _release(self, text: str) -> str:
         self.released += text
@@ -775,7 +834,11 @@ class LineFilter:
         narration = narrates_self(spoken, self.forms)
         if narration is not None:
             return Finding("narration", narration)
-        leaks = leaked(sentence, self.secrets, self.heard) or admitted(sentence, self.secrets)
+        leaks = (
+            leaked(sentence, self.secrets, self.heard)
+            or admitted(sentence, self.secrets)
+            or touched(sentence, self.secrets, self.heard)
+        )
         if not leaks and not self._said and self.asked:  # the reply's first sentence
             leaks = affirmed(sentence, self.asked, self.secrets)
         if leaks:
