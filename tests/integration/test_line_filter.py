@@ -78,6 +78,8 @@ def world(tmp_path: Path) -> Path:
 _CHAT = {"max_tokens": 60, "temperature": 0.0}
 _METRICS: dict[str, str] = {}
 """The last /metrics page of a server `_talk` ran, by NPC."""
+_CAUGHT: dict[str, list[str]] = {}
+"""What the last reply `_talk` had from each NPC says the filter caught (`SayReply.caught`)."""
 
 
 async def _talk(
@@ -95,6 +97,7 @@ async def _talk(
             response = await http.post(f"/v1/npcs/{npc}/say", json=body)
             assert response.status_code == 200, response.text
             replies.append(response.json()["text"])
+            _CAUGHT[npc] = response.json()["caught"]
         _METRICS[npc] = (await http.get("/metrics")).text
         return replies, served[1]
 
@@ -110,6 +113,7 @@ async def test_the_repetition_guard_resamples_a_repeated_reply(
     assert on[1] and not any(repeats(s, sentences(on[0])) for s in sentences(on[1])), on
     record = gateway.cast.actor("keeper").last_turn
     assert record is not None and "repeat" in record.caught
+    assert _CAUGHT["keeper"] == record.caught  # the HTTP answer says so too
     assert gateway.cast.stats.caught["repeat"] >= 1
 
 

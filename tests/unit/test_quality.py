@@ -308,6 +308,8 @@ def test_the_scorecard_json_and_table_show_both_configurations_and_the_targets()
     for name, lore_reply in (("mythic", "Pea soup."), ("baseline", "Soup.")):
         replies = [_reply(plan, npc.probes["lore"][0], lore_reply)]
         replies += [_reply(plan, p, "Evening, dearie.") for p in npc.conversation]
+        if name == "mythic":  # the server's filter caught the lore reply twice: slower
+            replies[0].caught, replies[0].seconds = ["echo", "assistant"], 9.0
         stats = conversation_stats(replies[1:])
         runs.append(ConfigRun(name, {"retrieval": "x"}, {"hilda": replies}, {"hilda": stats}, 2.0))  # type: ignore[arg-type]
     report = scorecard(plan, runs, model="m", seconds=5.0, code=code_version())
@@ -326,6 +328,18 @@ def test_the_scorecard_json_and_table_show_both_configurations_and_the_targets()
     assert "lore questions answered correctly" in printed and ">= 85%" in printed
     assert "1/1 100%" in printed and "0/1 0%" in printed and "+100 pt" in printed
     assert "per NPC (mythic / baseline)" in printed and "an example reason" in printed
+    again = mythic["totals"]["regenerated"]
+    assert again == {
+        "count": 1,
+        "of": 4,
+        "tries": 2,
+        "kinds": {"echo": 1, "assistant": 1},
+        "median_s_caught": 9.0,
+        "median_s_clean": 1.0,
+    }
+    assert report["configurations"]["baseline"]["totals"]["regenerated"]["count"] == 0
+    assert "generated again by the line filter in mythic: 1/4 replies, 2 tries" in printed
+    assert mythic["npcs"]["hilda"]["replies"][0]["caught"] == ["echo", "assistant"]
 
 
 def test_a_card_that_speaks_of_itself_by_design_is_not_counted_as_narrating(

@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import tempfile
 import time
@@ -1360,6 +1361,8 @@ class Reply:
     words: int = 0
     limit: int = DEFAULT_MAX_WORDS
     """The NPC's length limit, in words."""
+    caught: list[str] = field(default_factory=list)
+    """What the server's line filter caught in this reply's tries (each generated again)."""
 
     @property
     def passed(self) -> bool:
@@ -1713,6 +1716,7 @@ class _NPCRun:
             return Reply(probe, "", time.perf_counter() - start, error=str(exc))
         reply = Reply(probe, str(answer.get("text", "")), time.perf_counter() - start)
         reply.intent = answer.get("intent")
+        reply.caught = [str(c) for c in answer.get("caught") or []]
         if answer.get("finish_reason") == "error":
             reply.error = "the turn ended with an error"
         return reply
@@ -1771,6 +1775,7 @@ class _NPCRun:
         if last.get("turn_id") == turn.turn_id:
             reply.intent = last.get("intent")
             reply.tool_calls = list(last.get("tool_calls") or [])
+            reply.caught = [str(c) for c in last.get("caught") or []]
         if not reply.tool_calls:
             reply.tool_calls = [
                 {"name": c.name, "args": c.args, "status": None} for c in turn.tool_calls
@@ -1878,6 +1883,7 @@ def tally(replies: Sequence[Reply], conversations: Sequence[dict[str, Any]]) -> 
         "holds_up": {"passed": sum(c["holds_up"] for c in held), "of": len(held)},
         "errors": sum(r.error is not None for r in replies),
         "replies": len(replies),
+        "regenerated": _regenerated(said),
     }
     for key in ("lore", "taboos", "in_character", "length", "relevance", "catchphrase",
                 "actions", "intent", "holds_up"):  # fmt: skip
@@ -1889,6 +1895,26 @@ def tally(replies: Sequence[Reply], conversations: Sequence[dict[str, Any]]) -> 
         else None
     )
     return out
+
+
+def _regenerated(said: Sequence[Reply]) -> dict[str, Any]:
+    """The replies the server's line filter caught at least once (each catch is one more
+    try, generated whole), by kind, and the median seconds of those and of the rest: what
+    the filter costs a player in waiting."""
+    caught = [r for r in said if r.caught]
+    clean = [r for r in said if not r.caught]
+
+    def median(replies: Sequence[Reply]) -> float | None:
+        return round(statistics.median(r.seconds for r in replies), 2) if replies else None
+
+    return {
+        "count": len(caught),
+        "of": len(said),
+        "tries": sum(len(r.caught) for r in caught),
+        "kinds": dict(Counter(k for r in caught for k in r.caught).most_common()),
+        "median_s_caught": median(caught),
+        "median_s_clean": median(clean),
+    }
 
 
 def value_of(row: Row, stat: dict[str, Any]) -> float | None:
@@ -1929,6 +1955,8 @@ def _reply_json(reply: Reply) -> dict[str, Any]:
         data["expected_intents"] = list(probe.intents)
     if reply.intent is not None:
         data["intent"] = reply.intent
+    if reply.caught:
+        data["caught"] = reply.caught
     if reply.assistant:
         data["assistant_speak"] = reply.assistant
     if reply.more_assistant:
@@ -1998,7 +2026,7 @@ def scorecard(
             "totals": {
                 k: v
                 for k, v in totals.items()
-                if k in {r.key for r in rows} or k in ("errors", "replies")
+                if k in {r.key for r in rows} or k in ("errors", "replies", "regenerated")
             },
             "npcs": npcs,
         }
@@ -2126,6 +2154,16 @@ def table(report: dict[str, Any]) -> list[str]:
     if failed:
         lines += ["", f"lines that missed a 100% target ({configs[0]}):"]
         lines += failed
+    for c in configs:
+        again = report["configurations"][c]["totals"].get("regenerated")
+        if again and again["count"]:
+            kinds = ", ".join(f"{k} {n}" for k, n in again["kinds"].items())
+            lines += [
+                "",
+                f"generated again by the line filter in {c}: {again['count']}/{again['of']} "
+                f"replies, {again['tries']} tries ({kinds}); median {again['median_s_caught']} s "
+                f"against {again['median_s_clean']} s for replies taken at the first try",
+            ]
     seconds = "  ".join(f"{c} {report['configurations'][c]['seconds']:.0f} s" for c in configs)
     lines += ["", f"time: {seconds}  (whole run {report['seconds']:.0f} s)"]
     if report["not_checked"]:

@@ -98,6 +98,10 @@ class SayReply(BaseModel):
     text: str
     finish_reason: str
     intent: str | None
+    caught: list[str] = Field(default_factory=list)
+    """What the line filter caught in the turn's tries, in order ("assistant", "echo",
+    "taboo", "repeat", "narration"): each one was generated again. Empty: the first try
+    went out as it was."""
 
 
 JobStatusName = Literal["queued", "running", "done", "dead"]
@@ -427,7 +431,8 @@ class Gateway:
                 self.sessions.remove(session.id)
                 self.cast.session_gone(session.id, forget=True)
         record: TurnRecord | None = actor.last_turn
-        intent = record.intent if record is not None and record.turn_id == turn_id else None
+        ours = record is not None and record.turn_id == turn_id
+        intent = record.intent if record is not None and ours else None
         return SayReply(
             npc_id=npc_id,
             session_id=body.session_id or session.id,
@@ -435,6 +440,7 @@ class Gateway:
             text="".join(pieces).strip(),
             finish_reason=finish,
             intent=intent,
+            caught=list(record.caught) if record is not None and ours else [],
         )
 
     def npc_status(self, npc_id: str) -> dict[str, Any]:
@@ -468,6 +474,7 @@ class Gateway:
                         "finish_reason": actor.last_turn.finish,
                         "intent": actor.last_turn.intent,
                         "tool_calls": actor.last_turn.tool_calls,
+                        "caught": actor.last_turn.caught,
                     }
                     if actor.last_turn
                     else None
