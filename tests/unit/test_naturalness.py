@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mythic.dialogue import (
+    REMINDED,
     LineFilter,
     PhraseBuffer,
     addressed_as_self,
@@ -21,6 +22,7 @@ from mythic.dialogue import (
     name_forms,
     narrates_self,
     opening,
+    reminder,
     repeats,
     secrets_of,
     sentences,
@@ -467,6 +469,15 @@ def test_a_clause_that_begins_reading_an_instruction_waits_for_the_next() -> Non
     assert _stream(check, _tokens(rest)) == (rest, None)
     # A clean reply's first phrase is not held.
     assert LineFilter(instructions=PROMPT_RULES).push("Three coppers, ")[0] == "Three coppers, "
+
+
+def test_a_reminder_read_back_as_the_reply_is_an_echo() -> None:
+    # Told "You said those very words before ..." after a repeat, the model said it.
+    check = LineFilter(plain=[reminder(kind, "Hanne") for kind in REMINDED])
+    said, finding = _stream(check, _tokens("You said those very words before. Ask again."))
+    assert said == "" and finding is not None and finding.kind == "echo"
+    said, finding = _stream(check, _tokens("Stay in character, you say? Three pennies."))
+    assert finding is None
 
 
 def test_reading_out_the_prompts_words_for_the_npc_is_an_echo() -> None:

@@ -18,6 +18,7 @@ from mythic.dialogue._conversation import Conversation, PlayerInputError
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError, MailboxFullError
 from mythic.dialogue._naturalness import (
     ASSISTANT_SPEAK,
+    REMINDED,
     Finding,
     LineFilter,
     Secret,
@@ -36,6 +37,7 @@ from mythic.dialogue._naturalness import (
     narrates_self,
     normalise,
     opening,
+    reminder,
     repeats,
     secrets_of,
     sentences,
@@ -67,6 +69,7 @@ __all__ = [
     "ASSISTANT_SPEAK",
     "INTENTS",
     "INTERRUPTED_NOTE",
+    "REMINDED",
     "TOOLS",
     "TOOLS_BY_INTENT",
     "TRANSITIONS",
@@ -113,6 +116,7 @@ __all__ = [
     "npc_tools",
     "opening",
     "persona_prompt",
+    "reminder",
     "repeats",
     "secrets_of",
     "sentences",

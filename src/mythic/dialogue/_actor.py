@@ -48,6 +48,7 @@ from mythic.dialogue._events import (
 )
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError
 from mythic.dialogue._naturalness import (
+    REMINDED,
     Finding,
     LineFilter,
     deflection,
@@ -311,8 +312,12 @@ class NPCActor:
         self.secrets = secrets_of(persona.taboos, public)
         """Each taboo's giveaway words: the line filter keeps them from the replies."""
         self.instructions = [persona.style, *persona.rules, *persona.taboos, *PROMPT_RULES]
-        self.plain = [introduction(world, persona)]
-        """What the prompt calls the NPC ("a ghoul of Ravenmoor"): never said of itself."""
+        self.plain = [
+            introduction(world, persona),
+            *(reminder(kind, self.short_name) for kind in REMINDED),
+        ]
+        """What the prompt calls the NPC ("a ghoul of Ravenmoor") and what a try generated
+        again is told (`reminder`): never said by the NPC."""
         section = knowledge.persona(self.npc_id) if knowledge is not None else None
         full = knowledge is None
         prompt = persona_prompt(cast.world, self.persona, section, full=full)
