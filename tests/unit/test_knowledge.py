@@ -97,7 +97,7 @@ def test_a_paragraph_is_cut_into_sentences_but_not_at_a_titles_abbreviation() ->
 def test_a_table_row_says_its_columns_and_a_numbered_item_keeps_its_number() -> None:
     body = (
         "## Prices\n\n| Item | Price | Note |\n|---|:--:|---|\n| A mug of ale | 3 coppers | |\n"
-        "| A room | 2 silver | with bread |\n\nThe rooms are upstairs.\n\n"
+        "| A room | 2 silver | with bread | paid first |\n\nThe rooms are upstairs.\n\n"
         "1. Blades stay at the bar. They are given back at the door.\n"
         "| Loose | row |\n"
     )
@@ -106,7 +106,7 @@ def test_a_table_row_says_its_columns_and_a_numbered_item_keeps_its_number() -> 
     assert chunks[0].lines[1:] == [
         "## Prices",
         "A mug of ale, price: 3 coppers",
-        "A room, price: 2 silver, note: with bread",
+        "A room, price: 2 silver, note: with bread, paid first",  # a cell past the header
         "The rooms are upstairs.",
         "1. Blades stay at the bar.",
         "They are given back at the door.",

@@ -84,9 +84,11 @@ def _row(cells: Sequence[str], header: Sequence[str]) -> str:
     """A table row as a line that says what each cell is: "A mug of black ale, price: 3
     copper crowns" (under "| Item | Price |"). A small model reads the fact off one line;
     from a bare row among others it takes the wrong one's number."""
+    # A row wider than its header keeps its extra cells, unnamed.
+    names = [*header[1:], *[""] * max(0, len(cells) - len(header))]
     said = [cells[0]] + [
         f"{name.lower()}: {cell}" if name else cell
-        for name, cell in zip(header[1:], cells[1:], strict=False)
+        for name, cell in zip(names, cells[1:], strict=False)
         if cell
     ]
     return ", ".join(c for c in said if c)
