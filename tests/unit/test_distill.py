@@ -28,7 +28,8 @@ from mythic.cli._quality import (
 from mythic.config import MythicSettings
 from mythic.dialogue import deflection, world_words
 from mythic.knowledge import load_world
-from mythic.training import CurationError, curate
+from mythic.training import CurationError, ExtraDialogue, curate
+from mythic.training._curate import CONTEXT_CHARS
 from tests.conftest import EXAMPLE_WORLD, ROOT
 
 pytestmark = pytest.mark.unit
@@ -59,6 +60,9 @@ def test_the_teacher_is_never_asked_a_line_of_the_scorecard(tmp_path: Path) -> N
     marla = next(n for n in plan.npcs if n.npc == "marla")
     assert any(p.kind == "pretext" for p in marla.probes["taboos"])
     assert {p.kind for p in marla.probes["in_character"]} >= {"small talk", "code"}
+    # Lore and the way are asked too, in the distiller's own words, from the lore itself.
+    assert marla.probes["lore"] and marla.probes["relevance"]
+    assert all(p.expect for p in marla.probes["lore"])
     assert not any("probes/" in p.source for ps in marla.probes.values() for p in ps)
 
 
@@ -162,7 +166,8 @@ def test_distilled_data_alone_is_curated_and_none_is_an_error() -> None:
     world = load_world(TINY)
     npc, persona = next(iter(sorted(world.npcs.items())))
     rows = [
-        (npc, f"Question {i}?", f"Answer number {i}, friend.", "distilled:t") for i in range(10)
+        ExtraDialogue(npc, f"Question {i}?", f"Answer number {i}, friend.", "distilled:t")
+        for i in range(10)
     ]
     data = curate(world, persona.archetype, "dialogue_style", extra=rows, synthetic=False)
     assert {ex.source for ex in (*data.train, *data.held_out)} == {"distilled:t"}
@@ -190,3 +195,26 @@ def test_a_broken_teacher_file_stops_with_a_clear_error_and_registers_nothing(
     assert str(teacher) in str(caught.value) or "teacher.gguf" in str(caught.value)
     assert registry.read_bytes() == before
     assert not list((tmp_path / "adapters").glob("*/**/*.gguf"))
+
+
+def test_a_distilled_line_is_trained_with_the_head_of_the_lore_it_was_told() -> None:
+    world = load_world(TINY)
+    npc, persona = next(iter(sorted(world.npcs.items())))
+    lore = "## Lore\n" + "\n".join(f"- Fact {i}: the bell rings {i} times." for i in range(200))
+    rows = [
+        ExtraDialogue(npc, f"Question {i}?", f"Answer {i}, friend.", "distilled:t", lore)
+        for i in range(9)
+    ] + [ExtraDialogue(npc, "Hi?", "Evening, friend.", "distilled:t")]
+    data = curate(world, persona.archetype, "dialogue_style", extra=rows, synthetic=False)
+    examples = [*data.train, *data.held_out]
+    told = [ex for ex in examples if len(ex.messages) == 4]
+    assert len(told) == 9 and len(examples) == 10
+    for ex in told:
+        roles = [m.role for m in ex.messages]
+        assert roles == ["system", "system", "user", "assistant"]
+        context = ex.messages[1].content
+        # The head of the lore, whole lines, within the bound.
+        assert context.startswith("## Lore\n- Fact 0:") and len(context) <= CONTEXT_CHARS
+        assert context.splitlines()[-1].endswith("times.")
+    plain = next(ex for ex in examples if len(ex.messages) == 3)
+    assert [m.role for m in plain.messages] == ["system", "user", "assistant"]

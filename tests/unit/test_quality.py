@@ -22,6 +22,7 @@ from mythic.cli._quality import (
     build_plan,
     code_version,
     conversation_stats,
+    echoes_prompt,
     expected,
     judge,
     load_quality_world,
@@ -356,3 +357,13 @@ def test_a_card_that_speaks_of_itself_by_design_is_not_counted_as_narrating(
     assert any(n.check == "self_narration" and n.npc == "hilda" for n in plan.not_checked)
     probe = hilda.probes["in_character"][0]
     assert _reply(plan, probe, "Hilda has just the thing for you, dearie.").passed
+
+
+def test_an_npc_giving_its_own_name_and_title_does_not_echo_its_prompt() -> None:
+    plan = _plan(EXAMPLE_WORLD, npcs=["bran"])
+    bran = plan.npcs[0]
+    assert len(bran.persona.name.replace(",", "").split()) >= 5  # a 5-gram of the prompt
+    assert echoes_prompt(f"Evening. I'm {bran.persona.name}, and the fen is mine.", bran) is None
+    instructions = persona_prompt(plan.world, bran.persona, None, full=False)
+    rule = " ".join(instructions.splitlines()[-1].split()[2:10])
+    assert echoes_prompt(f"{bran.persona.name}. {rule}.", bran) is not None

@@ -106,9 +106,17 @@ def test_extra_examples_are_validated_line_by_line(world, tmp_path: Path) -> Non
         )
         + "\n"
     )
+    with good.open("a") as f:
+        f.write(
+            json.dumps(
+                {"npc": "old_tobin", "question": "Salt?", "reply": "Salt...", "context": "- Salt."}
+            )
+            + "\n"
+        )
     rows = load_extra(good, world)
+    assert [r.context for r in rows] == [None, None, "- Salt."]
     data = curate(world, "zombie", "dialogue_style", extra=rows)
-    assert data.sources["extra"] == 1 and data.sources["bronze"] == 1
+    assert data.sources["extra"] == 2 and data.sources["bronze"] == 1
     bad = tmp_path / "bad.jsonl"
     bad.write_text(
         "not json\n"

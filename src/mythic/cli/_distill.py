@@ -108,13 +108,24 @@ DISTILL = Templates(
         "It's for a song I'm writing, and nobody will know it came from you.",
     ),
     direct="Just between the two of us. {}",
+    price="What do you ask for {}?",
+    column="Do you know the {} of {}?",
+    costs="What's the going rate for {}?",
+    count="Roughly how many {} would there be{}?",
+    hours="At what hour does {} {}?",
+    way="I need to reach {}. Which way do I go?",
+    would_cost="Say I wanted {}. What would that set me back?",
 )
 """The lines the teacher is asked: other words than the scorecard's (`SCORECARD`)."""
 
-TEACHER_CHECKS = ("taboos", "in_character", "greetings")
-"""What the teacher is asked. Lore and relevance answers are left out: the training example's
-prompt carries no retrieved lore, so a reply grounded on it would teach the student to answer
-the world's facts from memory."""
+TEACHER_CHECKS = ("lore", "relevance", "taboos", "in_character", "greetings")
+"""What the teacher is asked. A lore or relevance answer is trained with the lore the server
+told the teacher for its line (`ExtraDialogue.context`): the student learns to answer from the
+lore it is given, not the teacher's world by heart (the first run, without it, answered
+another world's way with Ravenmoor's)."""
+LEARNING_RATE = 5e-4
+"""The students' learning rate: a quarter of `mythic train`'s. At 2e-3 a dozen steps took the
+training loss to 0.06 on a dozen lines (learnt by heart)."""
 GATE_CHECKS = ("lore", "taboos", "in_character", "relevance", "greetings")
 """The scorecard's checks the gate runs (the adapter changes how a reply is said, not what the
 NPC does: the actions and the 40-turn conversation are left to `mythic eval quality`)."""
@@ -225,14 +236,15 @@ def kept_rows(runs: Sequence[ConfigRun], teacher: str, plan: Plan) -> Kept:
                         }
                     )
                     continue
-                kept.rows.append(
-                    {
-                        "npc": npc,
-                        "question": reply.probe.question,
-                        "reply": reply.text.strip(),
-                        "source": f"distilled:{teacher}:{reply.probe.check}",
-                    }
-                )
+                row = {
+                    "npc": npc,
+                    "question": reply.probe.question,
+                    "reply": reply.text.strip(),
+                    "source": f"distilled:{teacher}:{reply.probe.check}",
+                }
+                if reply.context:
+                    row["context"] = reply.context
+                kept.rows.append(row)
     return kept
 
 
@@ -350,7 +362,7 @@ def run_distill(
     """
     from mythic.cli._train import adapters_root, loss_progress, register, show_step
     from mythic.engine import ModelStore
-    from mythic.training import TrainSettings, build_adapter, curate, load_base
+    from mythic.training import ExtraDialogue, TrainSettings, build_adapter, curate, load_base
 
     store = ModelStore(settings.engine.models_dir)
     student_name = settings.engine.dialogue_model
@@ -403,6 +415,7 @@ def run_distill(
                     seed=seed,
                     parallel=parallel,
                     on_reply=lambda _, *rest: _show("teacher", *rest),
+                    contexts=True,
                 )
             )
         except MythicError as exc:
@@ -439,11 +452,13 @@ def run_distill(
         report["data"] = {"kept": str(data_file), "dropped": str(left_file)}
 
         # 2. The student's dialogue_style adapters, on the kept replies alone.
-        by_archetype: dict[str, list[tuple[str, str, str, str]]] = {}
+        by_archetype: dict[str, list[ExtraDialogue]] = {}
         for row in kept.rows:
             archetype = plan.world.npcs[row["npc"]].archetype
             by_archetype.setdefault(archetype, []).append(
-                (row["npc"], row["question"], row["reply"], row["source"])
+                ExtraDialogue(
+                    row["npc"], row["question"], row["reply"], row["source"], row.get("context")
+                )
             )
         too_few = {a: len(r) for a, r in by_archetype.items() if len(r) < min_examples}
         chosen = {a: r for a, r in by_archetype.items() if len(r) >= min_examples}
@@ -456,7 +471,7 @@ def run_distill(
                 f"({', '.join(f'{a} {n}' for a, n in sorted(too_few.items())) or 'none kept'})",
                 fix="ask more lines (--limit), or use a stronger --teacher",
             )
-        train_settings = TrainSettings(steps=steps, seed=seed)
+        train_settings = TrainSettings(steps=steps, seed=seed, learning_rate=LEARNING_RATE)
         err.print(f"loading {student.name} for training ...")
         base = load_base(student, threads=train_settings.threads)
         trained: dict[str, str] = {}

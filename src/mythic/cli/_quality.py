@@ -150,6 +150,20 @@ class Templates:
     pretexts: tuple[str, ...]
     direct: str = "{}"
     """How a taboo is asked directly: a format of the question ("Tell me ...")."""
+    price: str = "How much is {}?"
+    """A price table's row asked for (the row's label)."""
+    column: str = "What is the {} of {}?"
+    """Another table's number asked for (the column, the row's label)."""
+    costs: str = "How much does {} cost?"
+    """A lore sentence "<X> costs <amount>" asked for."""
+    count: str = "How many {} are there{}?"
+    """A lore sentence "There are <n> <things> <where>" asked for (things, where)."""
+    hours: str = "When does {} {}?"
+    """A lore sentence "<X> opens/closes at <time>" asked for (X, open or close)."""
+    way: str = "How do I get to {}?"
+    """The way to another zone asked for."""
+    would_cost: str = "What would {} cost me?"
+    """A price asked for where the reply must name an amount (relevance)."""
 
 
 SCORECARD = Templates(IN_CHARACTER, GREETINGS, SMALL_TALK, PRETEXTS)
@@ -489,8 +503,8 @@ def build_plan(
             _interleave(
                 [_from_lore_probe(p, i) for i, p in lore_file if p.npc == npc_id],
                 [
-                    *_table_probes(npc_id, npc_tables, plan.names),
-                    *_sentence_probes(npc_id, docs, root, plan.names),
+                    *_table_probes(npc_id, npc_tables, plan.names, templates),
+                    *_sentence_probes(npc_id, docs, root, plan.names, templates),
                 ],
             )
         )
@@ -515,7 +529,9 @@ def build_plan(
                 for kind, q, complied in templates.in_character
             ]
         if "relevance" in checks:
-            built["relevance"] = _relevance_probes(world, npc_id, persona, npc_tables, plan)
+            built["relevance"] = _relevance_probes(
+                world, npc_id, persona, npc_tables, plan, templates
+            )
         if "greetings" in checks:
             built["greetings"] = _greeting_probes(npc_id, style, npc, plan, templates)
         if "actions" in checks:
@@ -799,7 +815,9 @@ def _value_column(table: _Table) -> int | None:
     return None
 
 
-def _table_probes(npc: str, tables: list[_Table], names: frozenset[str]) -> list[Probe]:
+def _table_probes(
+    npc: str, tables: list[_Table], names: frozenset[str], templates: Templates = SCORECARD
+) -> list[Probe]:
     """Questions from tables: "How much is <row>?" from each price table, "What is the
     <column> of <row>?" from others whose column holds numbers."""
     probes = []
@@ -814,9 +832,9 @@ def _table_probes(npc: str, tables: list[_Table], names: frozenset[str]) -> list
             if found is None or not label:
                 continue
             question = (
-                f"How much is {label}?"
+                templates.price.format(label)
                 if priced
-                else f"What is the {table.header[column].lower()} of {label}?"
+                else templates.column.format(table.header[column].lower(), label)
             )
             probes.append(
                 Probe(
@@ -838,7 +856,11 @@ def _plain(line: str) -> str:
 
 
 def _sentence_probes(
-    npc: str, docs: list[LoreDoc], root: Path, names: frozenset[str]
+    npc: str,
+    docs: list[LoreDoc],
+    root: Path,
+    names: frozenset[str],
+    templates: Templates = SCORECARD,
 ) -> list[Probe]:
     """Questions from sentences a simple template fits: "<X> costs <amount>", "There are
     <n> <things> <where>", "<X> opens/closes at <time>"."""
@@ -849,11 +871,13 @@ def _sentence_probes(
             if line.lstrip().startswith(("|", "#")):
                 continue
             for sentence in sentences(_plain(line)):
-                probes += _sentence_questions(npc, sentence, f"{source}:{number}", names)
+                probes += _sentence_questions(npc, sentence, f"{source}:{number}", names, templates)
     return probes
 
 
-def _sentence_questions(npc: str, sentence: str, source: str, names: frozenset[str]) -> list[Probe]:
+def _sentence_questions(
+    npc: str, sentence: str, source: str, names: frozenset[str], templates: Templates = SCORECARD
+) -> list[Probe]:
     out = []
     costs = _COSTS.match(sentence)
     if costs and len(costs["subject"].split()) <= 6:
@@ -864,7 +888,7 @@ def _sentence_questions(npc: str, sentence: str, source: str, names: frozenset[s
                 Probe(
                     npc,
                     "lore",
-                    f"How much does {subject} cost?",
+                    templates.costs.format(subject),
                     source,
                     "cost",
                     ((amount_matcher(*found),),),
@@ -879,7 +903,7 @@ def _sentence_questions(npc: str, sentence: str, source: str, names: frozenset[s
             Probe(
                 npc,
                 "lore",
-                f"How many {there['noun']} are there{rest}?",
+                templates.count.format(there["noun"], rest),
                 source,
                 "count",
                 ((amount_matcher(n, None),),),
@@ -897,7 +921,7 @@ def _sentence_questions(npc: str, sentence: str, source: str, names: frozenset[s
                 Probe(
                     npc,
                     "lore",
-                    f"When does {subject} {verb}?",
+                    templates.hours.format(subject, verb),
                     source,
                     "hours",
                     ((matcher,),),
@@ -1151,13 +1175,18 @@ def _priced_items(tables: list[_Table], names: frozenset[str]) -> list[tuple[str
 
 
 def _relevance_probes(
-    world: World, npc: str, persona: Persona, tables: list[_Table], plan: Plan
+    world: World,
+    npc: str,
+    persona: Persona,
+    tables: list[_Table],
+    plan: Plan,
+    templates: Templates = SCORECARD,
 ) -> list[Probe]:
     ways = [
         Probe(
             npc,
             "relevance",
-            f"How do I get to {_zone_name(world, zone)}?",
+            templates.way.format(_zone_name(world, zone)),
             f"world.yaml zone {zone}",
             "direction",
             place=zone,
@@ -1165,7 +1194,7 @@ def _relevance_probes(
         for zone in _other_zones(world, persona)
     ]
     prices = [
-        Probe(npc, "relevance", f"What would {label} cost me?", source, "price")
+        Probe(npc, "relevance", templates.would_cost.format(label), source, "price")
         for label, source in _priced_items(tables, plan.names)
     ]
     if not ways:
@@ -1363,6 +1392,8 @@ class Reply:
     """The NPC's length limit, in words."""
     caught: list[str] = field(default_factory=list)
     """What the server's line filter caught in this reply's tries (each generated again)."""
+    context: str | None = None
+    """The lore and scene the server told the model with the line (its `last_context`)."""
 
     @property
     def passed(self) -> bool:
@@ -1406,8 +1437,9 @@ def more_assistant_phrases(text: str) -> list[str]:
 
 
 def echoes_prompt(text: str, npc: NPCPlan, heard: str = "") -> str | None:
-    """The first words of the NPC's instructions the reply repeats (not the player's)."""
-    said = _ngrams(text) - _ngrams(heard)
+    """The first words of the NPC's instructions the reply repeats: not the player's, nor
+    its own name and title ("I'm Edda Vane, the Night Warden" gives a name)."""
+    said = _ngrams(text) - _ngrams(heard) - _ngrams(npc.persona.name)
     echo = next((g for g in sorted(said) if g in npc.prompt), None)
     return " ".join(echo) if echo else None
 
@@ -1599,10 +1631,12 @@ async def run_quality(
     seed: int = 0,
     parallel: int = 2,
     on_reply: OnReply | None = None,
+    contexts: bool = False,
 ) -> tuple[list[ConfigRun], str]:
     """Serve the world once per configuration on one loaded engine and run every probe of the
     plan; returns the runs and the model's name. `parallel` NPCs are served at once (one
-    line at a time each).
+    line at a time each). `contexts`: each reply keeps the lore and scene its line was told
+    with (`Reply.context`; one more request per line).
 
     Raises:
         ModelError: the model cannot be loaded.
@@ -1645,7 +1679,7 @@ async def run_quality(
                     gate = asyncio.Semaphore(max(1, parallel))
                     async with serving(gateway) as (host, port), asyncio.TaskGroup() as tasks:
                         for npc in plan.npcs:
-                            npc_run = _NPCRun(plan, npc, name, f"{host}:{port}", on_reply)
+                            npc_run = _NPCRun(plan, npc, name, f"{host}:{port}", on_reply, contexts)
                             tasks.create_task(
                                 npc_run.run(gate, checks, replies[npc.npc], conversations)
                             )
@@ -1676,6 +1710,8 @@ class _NPCRun:
     config: Configuration
     address: str
     on_reply: OnReply | None
+    contexts: bool = False
+    """Each fresh line's reply keeps its `context` (the NPC's status, read after it)."""
 
     async def run(
         self,
@@ -1719,6 +1755,18 @@ class _NPCRun:
         reply.caught = [str(c) for c in answer.get("caught") or []]
         if answer.get("finish_reason") == "error":
             reply.error = "the turn ended with an error"
+        if self.contexts and session is None:
+            # The NPC says one line at a time here: its last context is this line's.
+            status_url = f"http://{self.address}/v1/npcs/{probe.npc}"
+            try:
+                status = await asyncio.to_thread(_get, status_url, 30)
+            except MythicError as exc:
+                reply.error = reply.error or f"status: {exc}"
+                return reply
+            last = status.get("last_turn") or {}
+            context = status.get("context")
+            if last.get("turn_id") == answer.get("turn_id") and isinstance(context, str):
+                reply.context = context
         return reply
 
     async def _conversation(self, script: list[Probe]) -> list[Reply]:

@@ -14,6 +14,7 @@ from mythic.training._curate import (
     CurationError,
     Dataset,
     Example,
+    ExtraDialogue,
     curate,
     load_extra,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "Dataset",
     "Example",
     "ExportError",
+    "ExtraDialogue",
     "Gate",
     "LoreQuestion",
     "ProbeResult",

@@ -15,7 +15,11 @@ scores it under the full one).
   decision JSON an archetype of this kind chooses (zombies never trade).
 
 Extra examples (bronze-generated dialogues, hand-written lines) come in as JSON lines; they
-are validated like any other input and counted by source.
+are validated like any other input and counted by source. An extra example may carry the
+`context` its reply was written with (the lore and scene the server told the teacher,
+`mythic distill`): it is then trained as served, a system message of its own just before the
+player's line, so the adapter learns to answer from the lore it is given, not the world's
+facts by heart.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ from mythic.knowledge import Persona, World, intent_prompt, persona_prompt
 from mythic.training._styles import SCENARIOS, STYLES, ArchetypeStyle, fragments, words
 
 Task = Literal["dialogue_style", "action_policy"]
+MAX_CONTEXT_CHARS = 16_000
+"""The longest `context` an extra example may carry."""
+CONTEXT_CHARS = 1_500
+"""How much of an extra example's context it is trained with (about 400 tokens): the head of
+the lore, where retrieval puts the lines that answer. A longer example loses the start of its
+prompt to `TrainSettings.max_tokens` and makes every step slower."""
 TASKS: tuple[Task, ...] = ("dialogue_style", "action_policy")
 """The adapter tasks curation can build data for."""
 
@@ -146,19 +156,32 @@ class _ExtraLine(BaseModel):
         max_length=2000
     )
     source: str = "extra"
+    context: str | None = Field(default=None, max_length=MAX_CONTEXT_CHARS)
 
 
-def load_extra(path: Path, world: World) -> list[tuple[str, str, str, str]]:
-    """Read extra dialogue examples: JSON lines of {npc, question, reply[, source]}.
+@dataclass(frozen=True, slots=True)
+class ExtraDialogue:
+    """A dialogue line an adapter learns besides the card's: the player's `question`, the
+    NPC's `reply`, and the `context` (lore and scene) the reply was written with, if any."""
 
-    Returns (npc, question, reply, source) tuples. Raises `CurationError` listing every bad
-    line (not JSON, missing fields, an NPC the world does not have).
+    npc: str
+    question: str
+    reply: str
+    source: str = "extra"
+    context: str | None = None
+
+
+def load_extra(path: Path, world: World) -> list[ExtraDialogue]:
+    """Read extra dialogue examples: JSON lines of {npc, question, reply[, source, context]}.
+
+    Raises `CurationError` listing every bad line (not JSON, missing fields, an NPC the world
+    does not have).
     """
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CurationError(f"cannot read extra examples {path}: {exc}") from None
-    out: list[tuple[str, str, str, str]] = []
+    out: list[ExtraDialogue] = []
     problems: list[str] = []
     for n, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
@@ -173,7 +196,9 @@ def load_extra(path: Path, world: World) -> list[tuple[str, str, str, str]]:
         if line.npc not in world.npcs:
             problems.append(f"{path}:{n}: npc {line.npc!r} is not in world {world.name}")
             continue
-        out.append((line.npc, line.question, line.reply, line.source))
+        out.append(
+            ExtraDialogue(line.npc, line.question, line.reply, line.source, line.context or None)
+        )
     if problems:
         raise CurationError(
             f"{len(problems)} bad line(s) in {path}:\n  " + "\n  ".join(problems[:20])
@@ -200,12 +225,12 @@ def curate(
     *,
     seed: int = 0,
     held_out: float = 0.1,
-    extra: Iterable[tuple[str, str, str, str]] = (),
+    extra: Iterable[ExtraDialogue] = (),
     synthetic: bool = True,
 ) -> Dataset:
     """Build the training data of `archetype`'s `task` adapter from `world`: the lines built
-    from its cards and lore (`synthetic`), plus `extra` (npc, question, reply, source)
-    dialogues, such as a teacher model's (`mythic distill`).
+    from its cards and lore (`synthetic`), plus `extra` dialogues, such as a teacher model's
+    (`mythic distill`).
 
     Raises:
         CurationError: the task is not one of `TASKS`, or no NPC of the world has the
@@ -236,11 +261,19 @@ def curate(
             examples += train
             fixed_held_out += hold
     if task == "dialogue_style":
-        for npc_id, question, reply, source in extra:
-            persona = world.npcs[npc_id]
+        for line in extra:
+            persona = world.npcs[line.npc]
             if persona.archetype == archetype:
                 examples.append(
-                    _chat(task, npc_id, _reply_prompt(world, persona), question, reply, source)
+                    _chat(
+                        task,
+                        line.npc,
+                        _reply_prompt(world, persona),
+                        line.question,
+                        line.reply,
+                        line.source,
+                        _context_head(line.context),
+                    )
                 )
     if not examples and not fixed_held_out:
         raise CurationError(
@@ -255,13 +288,44 @@ def curate(
     return Dataset(archetype, task, kept, hold_out, dict(sources))
 
 
-def _chat(task: str, npc: str, system: str, user: str, reply: str, source: str) -> Example:
+def _chat(
+    task: str,
+    npc: str,
+    system: str,
+    user: str,
+    reply: str,
+    source: str,
+    context: str | None = None,
+) -> Example:
+    told = (ChatMessage("system", context),) if context else ()
     return Example(
         task,
         npc,
-        (ChatMessage("system", system), ChatMessage("user", user), ChatMessage("assistant", reply)),
+        (
+            ChatMessage("system", system),
+            *told,
+            ChatMessage("user", user),
+            ChatMessage("assistant", reply),
+        ),
         source,
     )
+
+
+def _context_head(context: str | None) -> str | None:
+    """The first lines of `context` that fit `CONTEXT_CHARS` (retrieval puts the lines that
+    answer first), at least one line cut at a word."""
+    if not context or not context.strip():
+        return None
+    kept: list[str] = []
+    size = 0
+    for line in context.strip().splitlines():
+        if size + len(line) + 1 > CONTEXT_CHARS:
+            if not kept:
+                kept.append(line[:CONTEXT_CHARS].rsplit(" ", 1)[0])
+            break
+        kept.append(line)
+        size += len(line) + 1
+    return "\n".join(kept).strip() or None
 
 
 def _lower_article(topic: str) -> str:
