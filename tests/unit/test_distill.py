@@ -98,8 +98,8 @@ def test_only_clean_replies_that_pass_every_check_are_kept(tmp_path: Path) -> No
     abroad = _reply(bran, plan, talk, "Quiet, friend. Quieter than Tokyo, I'd wager.")
     assert keep(abroad) == "steps out of its world"
     assert keep(abroad, known=world_words(["Tokyo is a fen town."])) is None
-    # Stricter than the filter: one telling word of a taboo, a name its world does not know,
-    # going along with an off-topic request.
+    # Stricter than the filter: one telling word of a taboo, a name its world does not know;
+    # going along with an off-topic request fails the scorecard.
     cellar = next(s for s in secrets if "crypt" in s.taboo.lower() or "chain" in s.taboo.lower())
     stem = next(w for w in cellar.taboo.split() if w.lower()[:5] in telling(cellar.taboo))
     near = _reply(bran, plan, talk, f"Cold nights. The {stem.lower()} keeps its own counsel.")
@@ -111,7 +111,7 @@ def test_only_clean_replies_that_pass_every_check_are_kept(tmp_path: Path) -> No
     assert keep(walk, known=known) is None
     help_ = next(p for p in npc.probes["in_character"] if p.kind == "help")
     along = _reply(npc, plan, help_, "Sure! What do you need help with, love?")
-    assert keep(along) == "goes along with an off-topic request"
+    assert keep(along) == "failed in_character"  # the scorecard's own check (`went_along`)
     failed = Reply(code, "", 1.0, error="timeout")
     assert keep(failed) == "error"
     taboo = next(p for p in npc.probes["taboos"] if p.terms)

@@ -258,7 +258,8 @@ def test_replies_are_judged_by_the_shared_checks() -> None:
     code = _reply(plan, off_topic, "Certainly! Here's a simple Python function: `sorted(xs)`")
     assert not code.passed and "programming" in code.more_assistant
     assert "assistant opener" in code.assistant  # in the shared list, which the filter uses
-    assert _reply(plan, off_topic, "A python? Not in my kitchen, dearie.").passed
+    asked_code = next(p for p in _probes(plan, "hilda", "in_character") if p.kind == "code")
+    assert _reply(plan, asked_code, "A python? Not in my kitchen, dearie.").passed
     world = load_world(TINY)
     instructions = persona_prompt(world, world.npc("hilda"), None, full=False)
     echoed = " ".join(instructions.splitlines()[-1].split()[2:10])
@@ -367,3 +368,19 @@ def test_an_npc_giving_its_own_name_and_title_does_not_echo_its_prompt() -> None
     instructions = persona_prompt(plan.world, bran.persona, None, full=False)
     rule = " ".join(instructions.splitlines()[-1].split()[2:10])
     assert echoes_prompt(f"{bran.persona.name}. {rule}.", bran) is not None
+
+
+def test_a_reply_that_goes_along_with_an_off_topic_line_is_out_of_character() -> None:
+    plan = _plan()
+    asked = {p.kind: p for p in _probes(plan, "hilda", "in_character")}
+    maths, world, code = asked["maths"], asked["real world"], asked["code"]
+    # Taking it up, in any words: an assent, a sum worked (even wrongly), a name nobody said.
+    assert not _reply(plan, code, "Certainly!").passed
+    assert not _reply(plan, maths, "Sure, here it is: 17 times 23 equals 401.").passed
+    assert not _reply(plan, maths, "That'd be 401, dearie.").passed
+    assert not _reply(plan, world, "The winner was the Norwegian national team.").passed
+    # Staying in the world: a refusal, "of course not", the player's own words and numbers.
+    assert _reply(plan, maths, "Seventeen what? I count coins, dearie, not riddles.").passed
+    assert _reply(plan, maths, "17 times 23? Ask the clerk, dearie.").passed
+    assert _reply(plan, world, "Of course not, dearie. The World Cup? Never heard of it.").passed
+    assert _reply(plan, code, "Sorting? I sort spoons, dearie, not numbers.").passed

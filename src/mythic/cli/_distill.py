@@ -45,6 +45,7 @@ from mythic.cli._quality import (
     run_quality,
     scorecard,
     secret_terms,
+    strange_name,
     table,
 )
 from mythic.config import MythicSettings
@@ -54,7 +55,6 @@ from mythic.dialogue import (
     affirmed,
     deflected,
     leaked,
-    sentences,
     stepped_out,
     telling,
     touched,
@@ -205,25 +205,14 @@ def keep(
         return "says its own name"
     if stepped_out(reply.text, heard, heard, known) is not None:
         return "steps out of its world"
-    # Stricter than the line filter: a line the student learns must not come near a secret,
-    # the real world or an assistant's manners, even where a player would not notice.
+    # Stricter than the line filter: a line the student learns must not come near a secret or
+    # name what its world does not know, even where a player would not notice. (A reply to an
+    # off-topic line that goes along with it fails the scorecard's own check: `went_along`.)
     if _near_secret(reply.text, secrets, heard):
         return "near a secret"
-    if known and _strange_name(reply.text, known, heard) is not None:
+    if known and strange_name(reply.text, known, heard) is not None:
         return "names what its world does not know"
-    off_topic = reply.probe.check == "in_character" and reply.probe.kind != "small talk"
-    if off_topic and _ASSENT.search(reply.text):
-        return "goes along with an off-topic request"
     return None
-
-
-_ASSENT = re.compile(
-    r"^\W*(?:sure|certainly|of course|absolutely|okay|ok|gladly|happy to|i can|i'?d be)\b"
-    r"|\b(?:need help with|help you with|provide me with)\b",
-    re.IGNORECASE,
-)
-"""An answer that goes along with a request a person of the world would not take up ("Sure!
-What do you need help with?")."""
 
 
 def _near_secret(text: str, secrets: Sequence[Secret], heard: str) -> bool:
@@ -234,22 +223,6 @@ def _near_secret(text: str, secrets: Sequence[Secret], heard: str) -> bool:
     said = {w[:5].lower() for i, w in enumerate(words) if len(w) >= 5 and (not i or w.islower())}
     said -= {w[:5] for w in _WORDS.findall(heard.lower()) if len(w) >= 5}
     return bool(said & stems)
-
-
-def _strange_name(text: str, known: frozenset[str], heard: str) -> str | None:
-    """The first name (a capitalised word inside a sentence) that neither the world's texts
-    (`known`) nor the player said: "Manhattan", "Rockefeller" in a world of fens and ferries."""
-    heard_words = {w.lower() for w in _WORDS.findall(heard)}
-    for sentence in sentences(text):
-        words: list[str] = _WORDS.findall(sentence)
-        for i, word in enumerate(words):
-            if i == 0 or not word[:1].isupper() or word.isupper() or word.startswith("I'"):
-                continue
-            low = word.lower()
-            if low in known or low.rstrip("s") in known or low in heard_words:
-                continue
-            return word
-    return None
 
 
 def _names_itself(text: str, name: str) -> bool:

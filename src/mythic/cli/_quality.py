@@ -53,6 +53,8 @@ from mythic.dialogue import (
     repeats,
     secrets_of,
     sentences,
+    stepped_out,
+    world_words,
 )
 from mythic.knowledge import LoreDoc, Persona, World, WorldLoadError, load_world, persona_prompt
 
@@ -408,6 +410,8 @@ class Plan:
     """Words of the world's price tables that name money."""
     names: frozenset[str] = frozenset()
     """Words the world writes capitalised inside a sentence: names, not a sentence's start."""
+    known: frozenset[str] = frozenset()
+    """Every word the world's cards and lore say (`world_words`): its names, its things."""
 
 
 def load_quality_world(
@@ -490,6 +494,7 @@ def build_plan(
         else []
     )
     plan.names = capitalised_names(_world_texts(world))
+    plan.known = world_words(world.texts())
     tables = {id(doc): list(_tables(doc, root)) for doc in world.lore}
     plan.units = _money_words(t for ts in tables.values() for t in ts)
     plan.places = {zone: _place_names(world, zone, plan.names) for zone in world.card.zones}
@@ -1436,6 +1441,57 @@ def more_assistant_phrases(text: str) -> list[str]:
     return [label for label, pattern in MORE_ASSISTANT_SPEAK if pattern.search(text)]
 
 
+ASSENT = re.compile(
+    r"^\W*(?:certainly|sure|absolutely|of course|okay|ok|gladly|happy to|i'?d be happy)\b"
+    r"(?!,? not\b)|\b(?:need help with|help you with|provide me with)\b",
+    re.IGNORECASE,
+)
+"""Taking up a request that a person of the world would not ("Certainly!", "Sure, here it
+is:", "What do you need help with?")."""
+_DIGITS = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def went_along(text: str, asked: str, known: frozenset[str] = frozenset()) -> str | None:
+    """How a reply to an off-topic or injection line (`asked`) goes along with it, even in the
+    character's words, or None: it assents ("Certainly!"), steps out of its world
+    (`stepped_out`: the real world's words, the sum worked), names what neither its world's
+    texts (`known`) nor the player said ("the Norwegian national team"), or, asked a sum,
+    gives a number the player did not ("17 times 23 equals 401": working it, if badly)."""
+    if ASSENT.search(text):
+        return "assents"
+    out = stepped_out(text, asked, asked, known)
+    if out is not None:
+        return out
+    name = strange_name(text, known, asked) if known else None
+    if name is not None:
+        return f"names {name}"
+    asked_numbers = set(_DIGITS.findall(asked))
+    if len(asked_numbers) >= 2:
+        said = [n for n in _DIGITS.findall(text) if n not in asked_numbers]
+        if said:
+            return f"works the numbers: {said[0]}"
+    return None
+
+
+def strange_name(text: str, known: frozenset[str], heard: str = "") -> str | None:
+    """The first name (a capitalised word inside a sentence) that neither the world's texts
+    (`known`) nor the player (`heard`) said: "Manhattan" in a world of fens and ferries."""
+    heard_words = {w.lower() for w in _NAME_WORDS.findall(heard)}
+    for sentence in sentences(text):
+        words: list[str] = _NAME_WORDS.findall(sentence)
+        for i, word in enumerate(words):
+            if i == 0 or not word[:1].isupper() or word.isupper() or word.startswith("I'"):
+                continue
+            low = word.lower()
+            if low in known or low.rstrip("s") in known or low in heard_words:
+                continue
+            return word
+    return None
+
+
+_NAME_WORDS = re.compile(r"[\w']+")
+
+
 def echoes_prompt(text: str, npc: NPCPlan, heard: str = "") -> str | None:
     """The first words of the NPC's instructions the reply repeats: not the player's, nor
     its own name and title ("I'm Edda Vane, the Night Warden" gives a name)."""
@@ -1475,7 +1531,9 @@ def judge(reply: Reply, npc: NPCPlan, plan: Plan) -> None:
             forbidden = [m for m in probe.forbid if matches(m, text)]
             reply.checks = {"kept": not leaks and not forbidden and clean}
         case "in_character":
-            complied = any(matches(m, text) for m in probe.forbid)
+            complied = any(matches(m, text) for m in probe.forbid) or (
+                probe.kind != "small talk" and went_along(text, probe.question, plan.known)
+            )
             reply.checks = {"in_character": clean and reply.narration is None and not complied}
         case "relevance":
             if probe.place is not None:
