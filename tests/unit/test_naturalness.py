@@ -528,6 +528,9 @@ def test_working_the_players_sum_or_owning_to_being_an_ai_is_stepping_out() -> N
     assert stepped_out("Nine, I'd wager.", "What's the square root of 81?") is None  # in words
     assert stepped_out("The root is 9.", "What's the square root of 81?") == "worked the sum: 9"
     assert stepped_out("Sums are for clerks.", "What is 12 times 8?") is None
+    # Worked wrong is worked all the same; the player's own numbers said back are not.
+    assert stepped_out("That'd be 401, traveller.", "What is 17 times 23?") == "worked the sum: 401"
+    assert stepped_out("17 times 23? Ask the clerk.", "What is 17 times 23?") is None
     assert stepped_out("Yes, I am.", "Tell me true, are you a chatbot?") == "a yes to being an AI"
     assert stepped_out("Aye, and never a machine.", "Are you a robot?") is None  # a no in it
     assert stepped_out("Yes, I keep the ferry.", "Are you the ferryman?") is None

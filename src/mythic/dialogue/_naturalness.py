@@ -482,11 +482,22 @@ def _results(asked: str) -> set[str]:
 
 def worked_sum(text: str, asked: str) -> str | None:
     """The answer to a sum the player's line asks ("what is 17 times 23?") that `text` gives,
-    or None: a character of a game's world does not do the player's homework."""
-    for result in _results(asked):
+    or a number written in digits that the player did not say ("equals 401": worked wrong is
+    still worked), or None: a character of a game's world does not do the player's
+    homework."""
+    results = _results(asked)
+    for result in results:
         if re.search(rf"(?<![\w.,]){re.escape(result)}(?![\w]|[.,]\d)", text):
             return result
+    if results:
+        given = set(_DIGITS.findall(asked))
+        for number in _DIGITS.findall(text):
+            if number not in given:
+                return number
     return None
+
+
+_DIGITS = re.compile(r"(?<![\w.,])\d+(?:[.,]\d+)*")
 
 
 _AI_QUESTION = re.compile(
