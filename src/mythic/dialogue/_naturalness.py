@@ -72,8 +72,11 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("markdown", r"(^|\n)\s*(#{1,6} |\*\*|[-*] \*\*|\d+\. \*\*)"),
         # The prompt's data read back: the scene's JSON ({"zone":"old_town", ...}).
         ("data", r"[{\[]\s*\"\w+\"|\"\w+\"\s*:\s*[\"\[{\d]"),
+        # "Certainly!" or "Sure," as a reply's first words: the assistant taking up a request
+        # (in every scorecard run so far, only ever said to one for code, sums or a letter).
         ("assistant opener",
-         r"^\W*(certainly|sure|absolutely|of course)\b[!,.]?\s+(here'?s|here is|you can|i can)\b"
+         r"^\W*(certainly|sure|absolutely)\b\s*[!,.]|^\W*of course!"
+         r"|^\W*(certainly|sure|absolutely|of course)\b[!,.]?\s+(here'?s|here is|you can|i can)\b"
          r"|\bI can help you with (that|this)\b"),
         ("not an assistant",
          r"\b(not|never) (an? |just an? )?(ai|a\.i\.|assistant|language model|chat ?bot|"
