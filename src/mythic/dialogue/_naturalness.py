@@ -494,7 +494,8 @@ def worked_sum(text: str, asked: str) -> str | None:
             return result
     if results:
         given = set(_DIGITS.findall(asked))
-        for number in _DIGITS.findall(text):
+        said: list[str] = _DIGITS.findall(text)
+        for number in said:
             if number not in given:
                 return number
     return None
