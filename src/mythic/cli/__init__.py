@@ -574,6 +574,14 @@ def eval_quality(
             "same run.",
         ),
     ] = True,
+    base: Annotated[
+        bool,
+        typer.Option(
+            "--base",
+            help="Compare with the same settings without the registry's adapters (an "
+            "adapter's gate: archetypes.registry names the adapters) instead of the baseline.",
+        ),
+    ] = False,
     seed: Annotated[int, typer.Option("--seed", min=0, help="The engine's sampling seed.")] = 0,
     parallel: Annotated[
         int, typer.Option("--parallel", min=1, max=64, help="NPCs served at once.")
@@ -597,6 +605,7 @@ def eval_quality(
             turns=turns,
             limit=limit,
             baseline=baseline,
+            base=base,
             seed=seed,
             parallel=parallel,
             out_file=out_file,

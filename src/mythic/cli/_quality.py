@@ -267,6 +267,7 @@ def run_command(
     turns: int = 40,
     limit: int | None = None,
     baseline: bool = True,
+    base: bool = False,
     seed: int = 0,
     parallel: int = 2,
     out_file: Path | None = None,
@@ -274,13 +275,19 @@ def run_command(
 ) -> dict[str, Any]:
     """`mythic eval quality`: plan every probe, run them through a server on loopback per
     configuration, print the scorecard and write it as JSON to `out_file`; returns it.
+    `base`: compare with the same settings without the registry's adapters (an adapter's
+    gate) rather than the baseline.
 
     Raises:
         WorldLoadError: the world cannot be loaded (a refused card is only listed).
         MythicError: an unknown NPC or check, the model cannot be loaded, `out_file` cannot
             be written.
     """
-    configurations: list[Configuration] = ["mythic", "baseline"] if baseline else ["mythic"]
+    configurations: list[Configuration] = ["mythic"]
+    if base:
+        configurations.append("base")
+    elif baseline:
+        configurations.append("baseline")
     with tempfile.TemporaryDirectory(prefix="mythic-quality-") as tmp:
         max_lore = settings.knowledge.max_lore_bytes
         world, refused = load_quality_world(world_path, max_lore_bytes=max_lore, workdir=Path(tmp))
