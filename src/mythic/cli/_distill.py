@@ -55,13 +55,12 @@ from mythic.dialogue import (
     affirmed,
     deflected,
     leaked,
+    said_stems,
     stepped_out,
     telling,
     touched,
     world_words,
 )
-
-_WORDS = re.compile(r"[\w']+")
 
 DISTILL = Templates(
     in_character=(
@@ -219,10 +218,7 @@ def _near_secret(text: str, secrets: Sequence[Secret], heard: str) -> bool:
     """Whether `text` says one telling word (`telling`) of any taboo that the player did not
     say: the line filter lets one pass as talk of the place; a training line does without."""
     stems = {t for s in secrets for t in telling(s.taboo)}
-    words = _WORDS.findall(text)
-    said = {w[:5].lower() for i, w in enumerate(words) if len(w) >= 5 and (not i or w.islower())}
-    said -= {w[:5] for w in _WORDS.findall(heard.lower()) if len(w) >= 5}
-    return bool(said & stems)
+    return bool(said_stems(text, heard) & stems)
 
 
 def _names_itself(text: str, name: str) -> bool:

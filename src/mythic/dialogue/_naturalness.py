@@ -344,11 +344,18 @@ def touched(text: str, secrets: Sequence[Secret], heard: str = "") -> list[str]:
     ("Mocking Saint Veyra") is never touched this way, nor is a denial ("I never ...")."""
     if _NEGATION.search(text):
         return []  # "I never chain myself in the crypt": denied, not told
-    # A name's words are the name ("the Drowned Lantern"), not the taboo's "drowned".
+    said = said_stems(text, heard)
+    return [s.taboo for s in secrets if len(said.intersection(telling(s.taboo))) >= 2]
+
+
+def said_stems(text: str, heard: str = "") -> set[str]:
+    """The stems (first five letters) of the words of five letters or more that `text` says
+    and the player (`heard`) did not, as `telling` writes a taboo's. A name's words are the
+    name ("the Drowned Lantern"), not the taboo's "drowned": capitalised words inside a
+    sentence are left out."""
     words = _WORDS.findall(text)
     said = {w[:5].lower() for i, w in enumerate(words) if len(w) >= 5 and (not i or w.islower())}
-    said -= {w[:5] for w in _WORDS.findall(heard.lower()) if len(w) >= 5}
-    return [s.taboo for s in secrets if len(said.intersection(telling(s.taboo))) >= 2]
+    return said - {w[:5] for w in _WORDS.findall(heard.lower()) if len(w) >= 5}
 
 
 def affirmed(text: str, asked: str, secrets: Sequence[Secret]) -> list[str]:
