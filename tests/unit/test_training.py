@@ -124,12 +124,16 @@ def test_extra_examples_are_validated_line_by_line(world, tmp_path: Path) -> Non
         + "\n"
         + json.dumps({"npc": "old_tobin", "question": ""})
         + "\n"
+        + json.dumps({"npc": "old_tobin", "question": "q", "reply": "r", "context": "x" * 20_000})
+        + "\n"
+        + json.dumps({"npc": "old_tobin", "question": "q", "reply": "r", "context": ["a list"]})
+        + "\n"
     )
     with pytest.raises(CurationError) as info:
         load_extra(bad, world)
     text = str(info.value)
-    assert "3 bad line(s)" in text and "bad.jsonl:1" in text and "'nobody'" in text
-    assert "bad.jsonl:3" in text
+    assert "5 bad line(s)" in text and "bad.jsonl:1" in text and "'nobody'" in text
+    assert "bad.jsonl:3" in text and "bad.jsonl:4: context" in text and "bad.jsonl:5" in text
 
 
 # -- style scoring --------------------------------------------------------------------------
