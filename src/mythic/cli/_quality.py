@@ -1501,7 +1501,7 @@ _NAME_WORDS = re.compile(r"[\w']+")
 
 def echoes_prompt(text: str, npc: NPCPlan, heard: str = "") -> str | None:
     """The first words of the NPC's instructions the reply repeats: not the player's, nor
-    its own name and title ("I'm Edda Vane, the Night Warden" gives a name)."""
+    its own name and title ("I'm Ione Vark, the Night Warden" gives a name)."""
     said = _ngrams(text) - _ngrams(heard) - _ngrams(npc.persona.name)
     echo = next((g for g in sorted(said) if g in npc.prompt), None)
     return " ".join(echo) if echo else None
