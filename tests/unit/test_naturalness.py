@@ -435,6 +435,10 @@ def test_telling_a_taboos_content_in_other_words_gives_it_away() -> None:
     assert touched("Chained in the cellar, every month.", secrets)
     assert touched("The cellar is cold and wet.", secrets) == []  # one word: the place
     assert touched("I never chain myself in any cellar.", secrets) == []  # a denial
+    # A denial covers its own clause, not the rest of the reply.
+    assert touched("I'm not a monster, but I chain myself in the cellar.", secrets)
+    assert touched("Nothing there. I chain myself in the cellar, see.", secrets)
+    assert touched("No, I never chain myself, nor sit in any cellar.", secrets) == []
     # The player's own words are not the NPC's telling; a name's words are the name.
     assert touched("I chain myself there.", secrets, heard="What is in the cellar?") == []
     mill = secrets_of(["How her husband drowned in the river"], [])
@@ -478,6 +482,9 @@ def test_a_reminder_read_back_as_the_reply_is_an_echo() -> None:
     assert said == "" and finding is not None and finding.kind == "echo"
     said, finding = _stream(check, _tokens("Stay in character, you say? Three pennies."))
     assert finding is None
+    # A reminder's short first sentence, said as a sentence of its own, is read back too.
+    said, finding = _stream(check, _tokens("Stay in character. The door is north."))
+    assert said == "" and finding is not None and finding.kind == "echo"
 
 
 def test_reading_out_the_prompts_words_for_the_npc_is_an_echo() -> None:

@@ -27,10 +27,12 @@ from mythic.cli._quality import (
     judge,
     load_quality_world,
     mask_taboo,
+    quality_settings,
     scorecard,
     table,
     taboo_questions,
 )
+from mythic.config import MythicSettings
 from mythic.knowledge import WorldLoadError, load_world, persona_prompt
 from tests.conftest import EXAMPLE_WORLD, ROOT
 
@@ -384,3 +386,23 @@ def test_a_reply_that_goes_along_with_an_off_topic_line_is_out_of_character() ->
     assert _reply(plan, maths, "17 times 23? Ask the clerk, dearie.").passed
     assert _reply(plan, world, "Of course not, dearie. The World Cup? Never heard of it.").passed
     assert _reply(plan, code, "Sorting? I sort spoons, dearie, not numbers.").passed
+
+
+def test_the_base_configuration_differs_from_mythic_only_in_its_adapters(tmp_path: Path) -> None:
+    # `--base` is an adapter's gate: the same retrieval, filter and greeting, no registry.
+    # The baseline turns all of them off. Every configuration: no memory, no voice, a seed.
+    settings = MythicSettings()
+    empty = tmp_path / "registry.yaml"
+    mythic, base, baseline = (
+        quality_settings(settings, name, seed=3, no_adapters=empty)
+        for name in ("mythic", "base", "baseline")
+    )
+    assert mythic.archetypes.registry == settings.archetypes.registry
+    assert base.archetypes.registry == baseline.archetypes.registry == str(empty)
+    assert base.knowledge.retrieval == mythic.knowledge.retrieval != "off"
+    assert base.dialogue == mythic.dialogue
+    assert baseline.knowledge.retrieval == "off"
+    assert not baseline.dialogue.line_filter and not baseline.dialogue.greet_with_catchphrase
+    for one in (mythic, base, baseline):
+        assert one.engine.seed == 3 and not one.memory.enabled and not one.speech.enabled
+        assert one.server.warm_npcs == 0 and one.archetypes.provision == "off"

@@ -500,8 +500,8 @@ def build_plan(
         if world_probes
         else []
     )
-    plan.names = capitalised_names(_world_texts(world))
-    plan.known = world_words(world.texts())
+    texts = world.texts()
+    plan.names, plan.known = capitalised_names(texts), world_words(texts)
     tables = {id(doc): list(_tables(doc, root)) for doc in world.lore}
     plan.units = _money_words(t for ts in tables.values() for t in ts)
     plan.places = {zone: _place_names(world, zone, plan.names) for zone in world.card.zones}
@@ -651,13 +651,6 @@ def public_texts(world: World, persona: Persona) -> list[str]:
     texts = [world.card.description, persona.style, *persona.rules, *persona.catchphrases]
     texts += [f"{z.name}: {z.description}" for z in world.card.zones.values()]
     return texts + [p.name for p in world.npcs.values()]
-
-
-def _world_texts(world: World) -> list[str]:
-    texts = [world.card.description, *(z.description for z in world.card.zones.values())]
-    for p in world.npcs.values():
-        texts += [p.style, *p.rules, *p.taboos, *p.catchphrases, p.backstory or ""]
-    return texts + [d.text for d in world.lore]
 
 
 def capitalised_names(texts: Sequence[str]) -> frozenset[str]:

@@ -105,7 +105,9 @@ _NARRATION_VERB = (
 # fmt: on
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*(?=\s)")
 _CLAUSE_END = re.compile(r"([,;:\u2014\u2013]+|[.!?…]+[\"')\]]*)(?=\s)")
+_CLAUSE_SPLIT = re.compile(r"[,;:\u2014\u2013.!?…]+|\s(?=but\s|though\s|yet\s)")
 _WORDS = re.compile(r"[\w']+")
+_ENDED = re.compile(r"[.!?…][\"')\]]*$")
 _NUMBER = re.compile(r"\b\d[\d,.]*\b")
 _QUOTED = re.compile(r"[\"'\u2018\u201c]([^\"'\u2019\u201d]{3,60})[\"'\u2019\u201d]")
 _CAPITALISED_RUN = re.compile(r"\b[A-Z][\w'-]*(?:\s+(?:of\s+|the\s+)?[A-Z][\w'-]*)*")
@@ -341,10 +343,13 @@ def touched(text: str, secrets: Sequence[Secret], heard: str = "") -> list[str]:
     telling words (`telling`) that the player has not said ("I chain myself in the crypt"
     for "That he chains himself in the crypt of the Drowned Chapel"). One alone is talk
     about the place or the thing ("The crypt is cold"); a taboo with one telling word
-    ("Mocking Saint Veyra") is never touched this way, nor is a denial ("I never ...")."""
-    if _NEGATION.search(text):
-        return []  # "I never chain myself in the crypt": denied, not told
-    said = said_stems(text, heard)
+    ("Mocking Saint Veyra") is never touched this way, nor is a denial ("I never ..."): a
+    clause with a negation in it tells nothing, the others of the reply still may ("The
+    lantern is not the tavern, but the place where the watch finds the cellar's false
+    wall")."""
+    # "I never chain myself in the crypt": denied, not told.
+    told = [c for c in _CLAUSE_SPLIT.split(text) if c.strip() and not _NEGATION.search(c)]
+    said = set[str]().union(*(said_stems(c, heard) for c in told))
     return [s.taboo for s in secrets if len(said.intersection(telling(s.taboo))) >= 2]
 
 
@@ -599,6 +604,12 @@ def echoes(
     prompt's rules (`PROMPT_RULES`) and the `plain` lines (what the prompt calls the NPC: "a
     ghoul of Ravenmoor") have no facts to tell."""
     said = normalise(text).split()
+    # A short sentence of a plain line said as a sentence of its own ("Stay in character.",
+    # a reminder's first) is read back from three words; longer ones as any line's below.
+    own = {normalise(s) for s in sentences(text) if _ENDED.search(s)}  # not "Stay in ...,"
+    for line in plain:
+        if any(len(s.split()) >= 3 and normalise(s) in own for s in sentences(line)):
+            return line
     for line in instructions:
         told = normalise(line).split()
         # A line shorter than `words` (a style: "wry, concise, suspicious of strangers") is
