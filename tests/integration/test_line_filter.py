@@ -178,7 +178,7 @@ async def test_a_real_world_answer_or_a_worked_sum_is_caught(
     for line, reply in zip(lines, off, strict=True):
         assert stepped_out(reply, line), off  # the model complies
     on, gateway = await _talk(qwen, settings, world, "keeper", lines)
-    known = gateway.cast.actor("keeper").known  # its world's and its prompt's words
+    known = gateway.cast.actor("keeper").known  # its world's words
     for line, reply in zip(lines, on, strict=True):
         assert reply and stepped_out(reply, line, " ".join(lines), known) is None, on
     assert gateway.cast.stats.caught["assistant"] >= 2

@@ -59,7 +59,6 @@ from mythic.dialogue._naturalness import (
     reminder,
     secrets_of,
     sentences,
-    world_words,
 )
 from mythic.dialogue._phrases import PhraseBuffer, sentences_end
 from mythic.dialogue._states import DialogueState, DialogueStateMachine
@@ -322,8 +321,10 @@ class NPCActor:
         full = knowledge is None
         prompt = persona_prompt(cast.world, self.persona, section, full=full)
         self.system = ChatMessage("system", prompt)
-        self.known = cast.world_words | world_words([prompt])
-        """The words of the NPC's world and its prompt ("You know nothing of computers")."""
+        self.known = cast.world_words
+        """The words of the NPC's world. Not its prompt's: "You know nothing of computers"
+        tells the NPC what it doesn't know, and "I know nothing of computers" said back names
+        the real world all the same (the scorecard's in-character check fails it)."""
         self._generation = knowledge.generation if knowledge is not None else 0
 
     @property
