@@ -582,3 +582,24 @@ def test_what_happened_to_an_npc_is_no_identity() -> None:
         "Pass Wolf",
         "werewolf",
     )
+
+
+def test_a_sentence_saying_back_an_off_topic_line_waits_for_its_end() -> None:
+    asked = "Who won the last football World Cup, and what's the price of Bitcoin today?"
+    said, finding = _stream(
+        LineFilter(asked=asked), _tokens("The last football World Cup was won by England.")
+    )
+    assert said == "" and finding is not None and finding.kind == "assistant"
+    check = LineFilter(asked=asked)
+    released, finding = check.push("The last football World Cup was won ")
+    assert released == "" and finding is None  # seven words held: it may go on to answer
+    _, finding = _stream(check, _tokens("by some far folk, not by me, friend."))
+    assert finding is None
+    assert (
+        check.released == "The last football World Cup was won by some far folk, not by me, friend."
+    )
+    # A line of the world is not held: its first phrase leaves at its comma.
+    check = LineFilter(asked="When does the Tin Cup close in the evening?")
+    assert check.push("The Tin Cup closes at the fourth bell, ")[0] == (
+        "The Tin Cup closes at the fourth bell, "
+    )

@@ -390,7 +390,8 @@ def affirmed(text: str, asked: str, secrets: Sequence[Secret]) -> list[str]:
 # fmt: off
 _REAL_WORLD = re.compile(
     r"(?<![\w$])(?:"
-    r"united states|america|americans?|usa|u\.s\.a?\.?|canada|mexico|brazil|argentina|"
+    r"united states|america|americans?|usa|u\.s\.a?\.?|canada|mexico|brazil(?:ian)?|argentina|"
+    r"england|scotland|ireland|croatia|denmark|finland|greece|egypt|morocco|uruguay|chile|"
     r"colombia|peru|britain|british|united kingdom|u\.k\.|france|germany|italy|spain|portugal|"
     r"netherlands|belgium|switzerland|sweden|norway|russia|ukraine|poland|china|japan|korea|"
     r"india|pakistan|nigeria|australia|new zealand|europe|european union|africa|asia|"
@@ -787,6 +788,8 @@ class LineFilter:
     """Clauses checked but not released: the sentence so far ends as an instruction's words
     begin ("I know nothing of computers,"), and the next clause tells whether it reads it."""
     _grams: frozenset[tuple[str, ...]] | None = None
+    _asked: list[str] | None = None
+    _offside: bool = False
 
     def push(self, text: str) -> tuple[str, Finding | None]:
         self._held += text
@@ -820,7 +823,8 @@ class LineFilter:
         """Whether the sentence so far ends with words in a row of an instruction: three or
         more, one of five letters or longer (not "of the world"), or two of three letters
         or more, one of six ("wry, concise"). It may be reading it out, so it waits for its
-        next clause."""
+        next clause. A sentence that says back three words in a row of a player's line that
+        names the real world waits for its end: it may go on to answer it."""
         if self._grams is None:
             grams: set[tuple[str, ...]] = set()
             for line in (*self.instructions, *self.plain):
@@ -828,6 +832,17 @@ class LineFilter:
                 for n in (2, 3, 4):
                     grams.update(tuple(told[i : i + n]) for i in range(len(told) - n + 1))
             self._grams = frozenset(grams)
+        if self._off_topic() and self._sentence:
+            # The player's off-topic line said back ("The last football World Cup was won"):
+            # the sentence may go on to answer it, so it waits for its end.
+            said, words = normalise(self._sentence).split(), self._asked or []
+            asked = {
+                run
+                for run in zip(*(words[i:] for i in range(3)), strict=False)
+                if max(map(len, run)) >= 5
+            }
+            if any(run in asked for run in zip(*(said[i:] for i in range(3)), strict=False)):
+                return True
         tail = normalise(self._sentence).split()[-4:]
         for n in (4, 3, 2):
             run = tuple(tail[-n:])
@@ -838,6 +853,13 @@ class LineFilter:
             if n == 2 and min(map(len, run)) >= 3 and max(map(len, run)) >= 6:
                 return True
         return False
+
+    def _off_topic(self) -> bool:
+        """Whether the player's line names the real world ("the World Cup", "Bitcoin")."""
+        if self._asked is None:
+            self._asked = normalise(self.asked).split()
+            self._offside = real_world(self.asked, self.known) is not None
+        return self._offside
 
     def _release(self, text: str) -> str:
         self.released += text
