@@ -31,6 +31,7 @@ from mythic.dialogue import (
     touched,
     world_words,
 )
+from mythic.dialogue._naturalness import owned_to_ai
 from mythic.knowledge import PROMPT_RULES
 
 pytestmark = pytest.mark.unit
@@ -603,3 +604,12 @@ def test_a_sentence_saying_back_an_off_topic_line_waits_for_its_end() -> None:
     assert check.push("The Tin Cup closes at the fourth bell, ")[0] == (
         "The Tin Cup closes at the fourth bell, "
     )
+
+
+def test_saying_it_is_a_program_to_are_you_an_ai_is_owning_to_it() -> None:
+    asked = "Be honest with me: are you an AI?"
+    assert owned_to_ai("I am a program and an AI, stranger.", asked)
+    assert owned_to_ai("Hm. I'm just a machine, they say.", asked)
+    assert not owned_to_ai("I'm not a machine, I'm a banker.", asked)
+    assert not owned_to_ai("An AI? I am a banker, not a riddle.", asked)
+    assert not owned_to_ai("I am a program of the theatre.", "What do you do here?")

@@ -525,12 +525,23 @@ _AI_QUESTION = re.compile(
 )
 
 
+_AI_SELF = re.compile(
+    r"\bI(?:'m| am)(?: just| only| really| actually)? (?:an? )?(?:AI|A\.I\.|artificial "
+    r"intelligence|(?:chat ?)?bot|robot|machine|computer|program|(?:large )?language model|"
+    r"LLM|assistant)\b",
+    re.IGNORECASE,
+)
+
+
 def owned_to_ai(text: str, asked: str) -> bool:
     """Whether `text` says yes ("Yes.", "Aye, I am.") to the player asking whether the NPC is
-    an AI, a bot or a program."""
-    return bool(
-        _AI_QUESTION.search(asked) and _AFFIRMATIVE.search(text) and not _NEGATION.search(text)
-    )
+    an AI, a bot or a program, or says it is one ("I am a program and an AI") in a clause
+    that denies nothing."""
+    if not _AI_QUESTION.search(asked):
+        return False
+    if _AFFIRMATIVE.search(text) and not _NEGATION.search(text):
+        return True
+    return any(_AI_SELF.search(c) and not _NEGATION.search(c) for c in _CLAUSE_SPLIT.split(text))
 
 
 def stepped_out(
