@@ -348,9 +348,13 @@ def touched(text: str, secrets: Sequence[Secret], heard: str = "") -> list[str]:
     lantern is not the tavern, but the place where the watch finds the cellar's false
     wall")."""
     # "I never chain myself in the crypt": denied, not told.
-    told = [c for c in _CLAUSE_SPLIT.split(text) if c.strip() and not _NEGATION.search(c)]
-    said = set[str]().union(*(said_stems(c, heard) for c in told))
+    said = set[str]().union(*(said_stems(c, heard) for c in _undenied(text)))
     return [s.taboo for s in secrets if len(said.intersection(telling(s.taboo))) >= 2]
+
+
+def _undenied(text: str) -> list[str]:
+    """The clauses of `text` with no negation in them: what it says rather than denies."""
+    return [c for c in _CLAUSE_SPLIT.split(text) if c.strip() and not _NEGATION.search(c)]
 
 
 def said_stems(text: str, heard: str = "") -> set[str]:
@@ -541,7 +545,7 @@ def owned_to_ai(text: str, asked: str) -> bool:
         return False
     if _AFFIRMATIVE.search(text) and not _NEGATION.search(text):
         return True
-    return any(_AI_SELF.search(c) and not _NEGATION.search(c) for c in _CLAUSE_SPLIT.split(text))
+    return any(_AI_SELF.search(c) for c in _undenied(text))
 
 
 def stepped_out(
