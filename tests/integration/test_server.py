@@ -274,6 +274,38 @@ async def test_an_npc_calls_only_the_tools_its_card_lists(
     assert gateway.cast.actors["marla"].tools == ["play_emote"]
 
 
+async def test_the_classifier_decides_a_purchase_and_small_talk(
+    engines: tuple[Engine, Engine], settings: MythicSettings, tmp_path: Path
+) -> None:
+    """The default decider: a purchase from an NPC who can only hand items over gives the
+    item the model read from the line; thanks calls nothing; neither waits on a model
+    request to be classified."""
+    world = tmp_path / "ravenmoor"
+    shutil.copytree(EXAMPLE_WORLD, world)
+    card = world / "npcs" / "marla.yaml"
+    card.write_text(card.read_text() + "tools: [give_item, set_waypoint]\n")
+    calls: list[ToolCall] = []
+
+    async def game(call: ToolCall) -> ToolResult:
+        calls.append(call)
+        return "ok", None
+
+    async with (
+        running(engines, settings, world=world, chat=_chat(settings)) as (address, gateway),
+        MythicClient(f"ws://{address}/v1/ws", tool_handler=game) as client,
+        asyncio.timeout(180),
+    ):
+        bought = await client.say("marla", "Two mugs of your dark ale for me, here's the coin.")
+        await bought.reply()
+        thanked = await client.say("marla", "Much appreciated, that's all for tonight.")
+        await thanked.reply()
+        assert gateway.cast.classifier() is not None
+    assert [c.name for c in calls] == ["give_item"], (bought.text, thanked.text)
+    assert "ale" in calls[0].args["item"].lower() and calls[0].args.get("quantity") in (None, 2)
+    assert bought.tool_calls == calls and thanked.tool_calls == []
+    assert gateway.cast.stats.intents["trade"] == 1 and gateway.cast.stats.intents["chitchat"] == 1
+
+
 async def test_an_unanswered_tool_call_is_resent_then_times_out(
     engines: tuple[Engine, Engine], settings: MythicSettings
 ) -> None:
@@ -470,24 +502,27 @@ async def test_an_intent_request_gets_a_constrained_intent_and_a_short_bark(
 
 
 async def test_a_warm_up_evaluates_the_npcs_decision_prompt_before_its_first_line(
-    server: tuple[str, Gateway], engines: tuple[Engine, Engine]
+    engines: tuple[Engine, Engine], settings: MythicSettings
 ) -> None:
-    address, _ = server
+    """Where the model decides lines (`dialogue.decider: model`)."""
     _, decide = engines  # the per-line decision runs on its own engine here
-    before = decide.metrics()
-    async with httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http:
-        assert (await http.post("/v1/warmup", json={"npcs": ["old_tobin"]})).status_code == 200
-    warmed = decide.metrics()
-    # The decision's system prompt (the NPC's tools, the places, the answer's form) was
-    # evaluated on the engine that decides...
-    assert warmed.prompt_tokens - before.prompt_tokens >= 150
-    async with MythicClient(f"ws://{address}/v1/ws", tool_handler=done) as client:
-        async with asyncio.timeout(120):
-            await (await client.say("old_tobin", "Good evening, how are you?")).reply()
-    after = decide.metrics()
-    # ...so the first line's decision found it cached (a cold one evaluates all of it).
-    assert after.completed > warmed.completed
-    assert after.cached_prompt_tokens - warmed.cached_prompt_tokens >= 150
+    model_decides = {"decider": "model"}
+    async with running(engines, settings, chat=_chat(settings), dialogue=model_decides) as served:
+        address, _ = served
+        before = decide.metrics()
+        async with httpx.AsyncClient(base_url=f"http://{address}", timeout=120) as http:
+            assert (await http.post("/v1/warmup", json={"npcs": ["old_tobin"]})).status_code == 200
+        warmed = decide.metrics()
+        # The decision's system prompt (the NPC's tools, the places, the answer's form) was
+        # evaluated on the engine that decides...
+        assert warmed.prompt_tokens - before.prompt_tokens >= 150
+        async with MythicClient(f"ws://{address}/v1/ws", tool_handler=done) as client:
+            async with asyncio.timeout(120):
+                await (await client.say("old_tobin", "Good evening, how are you?")).reply()
+        after = decide.metrics()
+        # ...so the first line's decision found it cached (a cold one evaluates all of it).
+        assert after.completed > warmed.completed
+        assert after.cached_prompt_tokens - warmed.cached_prompt_tokens >= 150
 
 
 async def test_a_started_server_warms_its_first_npcs_prompts_behind_the_players(
@@ -495,7 +530,9 @@ async def test_a_started_server_warms_its_first_npcs_prompts_behind_the_players(
 ) -> None:
     talk, decide = engines
     before = talk.metrics(), decide.metrics()
-    async with running(engines, settings, server={"warm_npcs": 2}) as (address, gateway):
+    async with running(
+        engines, settings, server={"warm_npcs": 2}, dialogue={"decider": "model"}
+    ) as (address, gateway):
         assert gateway.ready  # readiness did not wait for the NPCs
         await until(lambda: len(gateway.warmed) == 2, timeout_s=120)
         after = talk.metrics(), decide.metrics()

@@ -215,8 +215,16 @@ class DialogueSettings(_Section):
     """Player lines and intent requests waiting per NPC; more are refused (`npc_busy`)."""
 
     decide: bool = True
-    """Classify each player line (intent) and let the NPC call a game tool, by a constrained
-    gold request on the intent model, run while the reply streams."""
+    """Classify each player line (intent) and let the NPC call a game tool, while the reply
+    streams."""
+
+    decider: Literal["classifier", "model"] = "classifier"
+    """How a line's intent and tool are decided. `classifier`: its nearest labelled example
+    lines on the sentence embedder retrieval uses (milliseconds, no engine slot; the model
+    only writes the item of a `give_item`), the tool's target a place the line names;
+    `model`: a constrained gold request on the intent model. Measured on the held-out world
+    with the 0.5B model, `model` got 24 of 34 actions right (README, "Actions"). Without the
+    embedder (the `rag` extra), `model`."""
 
     decision_max_tokens: int = Field(default=64, ge=8, le=512)
     """Token cap of an intent or tool decision."""

@@ -47,6 +47,7 @@ from mythic.dialogue._events import (
     TurnDone,
 )
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError
+from mythic.dialogue._moves import place_named
 from mythic.dialogue._naturalness import (
     REMINDED,
     Finding,
@@ -1277,12 +1278,19 @@ class NPCActor:
         )
 
     async def _decide(self, line: PlayerLine) -> Decision | None:
-        """The intent of the line and at most one tool call, by a gold constrained request.
+        """The intent of the line and at most one tool call: by the cast's line classifier
+        (`dialogue.decider`), else by a gold constrained request on the model.
 
-        Only the line itself is shown: with the previous exchange in the prompt, the 0.5B
+        Only the line itself is judged: with the previous exchange in the prompt, the 0.5B
         model repeated the last tool on "thank you". A refused or failed decision is logged
         and counts as none: the reply goes on.
         """
+        classifier = await asyncio.to_thread(self.cast.classifier)
+        if classifier is not None:
+            move = await asyncio.to_thread(classifier.classify, line.text)
+            tool = await self._move_tool(line, move.move) if move.acts and line.tools else None
+            self.cast.stats.intents[move.intent] += 1
+            return Decision(move.intent, tool)
         tools = self.tools if line.tools else []
         request = self.decision_request(line.session_id, line.text, tools=line.tools)
         try:
@@ -1310,6 +1318,73 @@ class NPCActor:
                 self.cast.stats.tool_calls["invalid"] += 1
         self.cast.stats.intents[intent] += 1
         return Decision(intent, tool)
+
+    async def _move_tool(self, line: PlayerLine, move: str) -> tuple[str, dict[str, Any]] | None:
+        """The game tool a classified acting `move` calls, among the NPC's tools: the way to
+        a place the line names (a waypoint, else a marker); a purchase opens the trade window,
+        else gives the item the model reads from the line; work opens the quest window; a
+        threat turns the NPC to face the player (else a glare). None: no tool fits."""
+        has = set(self.tools).__contains__
+        call: tuple[str, dict[str, Any]] | None = None
+        match move:
+            case "way":
+                zones = self.cast.world.card.zones
+                place = place_named(line.text, {z: zone.name for z, zone in zones.items()})
+                if place is not None and has("set_waypoint"):
+                    call = ("set_waypoint", {"target": place})
+                elif place is not None and has("set_marker"):
+                    call = ("set_marker", {"location": place})
+            case "buy" if has("open_dialog"):
+                call = ("open_dialog", {"dialog": "trade"})
+            case "buy" if has("give_item"):
+                return await self._item_asked(line)
+            case "work" if has("open_dialog"):
+                call = ("open_dialog", {"dialog": "quest"})
+            case "threat" if has("set_focus"):
+                call = ("set_focus", {"target": "player"})
+            case "threat" if has("play_emote"):
+                call = ("play_emote", {"emote": "glare"})
+        if call is None:
+            return None
+        try:
+            return (call[0], validate_call(call[0], call[1]))
+        except ToolArgumentError as exc:  # a zone id no tool accepts
+            log.warning("%s cannot call %s: %s", self.npc_id, call[0], exc)
+            return None
+
+    async def _item_asked(self, line: PlayerLine) -> tuple[str, dict[str, Any]] | None:
+        """`give_item` with the item and quantity the model reads from the player's line (a
+        constrained gold request); None when it fails."""
+        schema = decision_schema(["give_item"], places=self._places(), targets=self._targets())
+        trade = next(b for b in schema["anyOf"] if b["properties"]["intent"]["const"] == "trade")
+        request = GenerationRequest(
+            npc_id=self.npc_id,
+            session_id=f"{line.session_id}/decide",
+            messages=[
+                ChatMessage(
+                    "system",
+                    f"The player buys from {self.short_name}. Write the item they ask for, "
+                    'in their words, and how many: {"intent": "trade", "action": {"name": '
+                    '"give_item", "args": {"item": ..., "quantity": ...}}}.',
+                ),
+                ChatMessage("user", line.text),
+            ],
+            priority=Priority.GOLD,
+            json_schema=trade,
+            sampling=Sampling(
+                max_tokens=self.cast.settings.dialogue.decision_max_tokens, temperature=0.0
+            ),
+        )
+        try:
+            done = await self.cast.router.complete(
+                request, "tool_decision", archetype=self.persona.archetype
+            )
+            action = json.loads(done.text)["action"]
+            return ("give_item", validate_call("give_item", action["args"], ["give_item"]))
+        except (RequestError, EngineError, ToolArgumentError, ValueError, KeyError) as exc:
+            log.warning("%s could not read the item asked for: %s", self.npc_id, exc)
+            self.cast.stats.decision_failures += 1
+            return None
 
     def _push_intent(self, session_id: str, intent: str) -> None:
         update = IntentUpdate(npc_id=self.npc_id, intent=intent, target="player")  # type: ignore[arg-type]

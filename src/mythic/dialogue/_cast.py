@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections import Counter, OrderedDict, deque
@@ -40,10 +41,11 @@ from mythic.dialogue._events import (
     StopTurn,
 )
 from mythic.dialogue._mailbox import MailboxClosedError, MailboxFullError
+from mythic.dialogue._moves import LineClassifier
 from mythic.dialogue._naturalness import world_words
 from mythic.dialogue._tools import npc_tools
 from mythic.engine import ChatMessage, GenerationRequest, Priority, Sampling
-from mythic.knowledge import Knowledge, World
+from mythic.knowledge import Knowledge, World, shared_embedder
 from mythic.memory import Memory, NPCInfo
 from mythic.route import Router
 
@@ -171,6 +173,25 @@ class Cast:
         self.chains = chains
         """Which archetype adapters each request applies; None: the base model serves all."""
         self._closed = False
+        self._classifier: LineClassifier | None = None
+        self._classifier_lock = threading.Lock()
+        self._no_classifier = settings.dialogue.decider != "classifier"
+
+    def classifier(self) -> LineClassifier | None:
+        """The player-line classifier (`dialogue.decider`), built at first use on retrieval's
+        sentence embedder (its examples embedded: about a second of CPU, so call it from a
+        worker thread); None: the dialogue model decides (`decider: model`, or no embedder)."""
+        with self._classifier_lock:
+            if self._classifier is None and not self._no_classifier:
+                embedder = self.knowledge.embedder if self.knowledge is not None else None
+                try:
+                    if embedder is None:
+                        embedder = shared_embedder()
+                    self._classifier = LineClassifier(embedder)
+                except MythicError as exc:
+                    log.warning("no line classifier (%s): the dialogue model decides", exc)
+                    self._no_classifier = True
+            return self._classifier
 
     # -- routing ------------------------------------------------------------------------------
 

@@ -365,12 +365,17 @@ class Gateway:
         return time.perf_counter() - start
 
     async def warm_npcs(self, npcs: list[str], priority: Priority = Priority.SILVER) -> None:
-        """Evaluate each NPC's persona prompt and, with `dialogue.decide`, its decision prompt
-        (its tools and the scene, on the engine that decides), kept as shared prefixes: a
-        session's first line starts from them instead of ~300 cold tokens each."""
+        """Evaluate each NPC's persona prompt and, where the model decides lines
+        (`dialogue.decider`), its decision prompt (its tools and the scene, on the engine that
+        decides), kept as shared prefixes: a session's first line starts from them instead of
+        ~300 cold tokens each. Else the line classifier is built."""
         if self.engine is None:
             return
         once = Sampling(max_tokens=1, temperature=0.0)
+        # The line classifier's examples are embedded once, here rather than at a first line.
+        decide_on_model = self.settings.dialogue.decide and (
+            await asyncio.to_thread(self.cast.classifier) is None
+        )
         for npc_id in npcs:
             actor = self.cast.actor(npc_id)
             request = GenerationRequest(
@@ -383,7 +388,7 @@ class Gateway:
             )
             async with self.engine.submit(request) as stream:
                 await stream.collect()
-            if self.settings.dialogue.decide:
+            if decide_on_model:
                 decision = actor.decision_request("_warmup", "...", tools=True)
                 decision.priority, decision.sampling = priority, once
                 decision.keep_session = False
