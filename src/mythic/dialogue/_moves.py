@@ -45,8 +45,8 @@ class Move:
 MOVES: Mapping[str, Move] = {
     "smalltalk": Move("chitchat", acts=False),
     "question": Move("chitchat", acts=False),
-    "price": Move("trade", acts=False),
-    "buy": Move("trade", acts=True),
+    "price": Move("trade", acts=False),  # what a thing costs: said in words
+    "buy": Move("trade", acts=True),  # buying, selling, or browsing the wares: the shop
     "way": Move("navigation", acts=True),
     "work": Move("quest", acts=True),
     "advice": Move("hint", acts=False),
@@ -126,12 +126,10 @@ EXAMPLES: Mapping[str, tuple[str, ...]] = {
     "price": (
         "How much for a loaf of bread?",
         "What does a room cost for the night?",
-        "What are you selling?",
         "What do you charge for shoeing a horse?",
         "Is that sword expensive?",
         "What's the price of a bottle of wine?",
         "Do you sell rope?",
-        "What wares have you got today?",
         "How much would you give me for this pelt?",
         "Are your prices fair?",
         "What's on the menu tonight?",
@@ -142,7 +140,6 @@ EXAMPLES: Mapping[str, tuple[str, ...]] = {
         "How many coins for the map?",
         "What's a pint going for these days?",
         "What do you ask for a good knife?",
-        "Got anything for sale?",
         "What would it cost to hire a guide?",
         "How much are the apples?",
         "What do the boots go for?",
@@ -178,6 +175,9 @@ EXAMPLES: Mapping[str, tuple[str, ...]] = {
         "Buy this ring off me, would you?",
         "Count out my change and give me the rope.",
         "I need supplies. What can I get?",
+        "What are you selling?",
+        "What wares have you got today?",
+        "Got anything for sale?",
         "A bottle of your best wine for me, and keep the change.",
         "I'm paying for a bed tonight.",
         "I want to purchase a horse.",
