@@ -113,6 +113,7 @@ bench: setup
 	$(PY) bench/engine_concurrency.py
 	$(PY) bench/retrieval.py
 	$(PY) bench/tiers.py
+	$(PY) bench/moves.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -136,6 +136,10 @@ async def beside_replies(cast: Cast, engine: Engine, world: Any, tag: str) -> di
 
 async def run(rounds: int) -> list[dict[str, Any]]:
     settings = load_settings()
+    # What is measured is the model's decision (`dialogue.decider: model`); the default line
+    # classifier uses no engine.
+    model_decides = settings.dialogue.model_copy(update={"decider": "model"})
+    settings = settings.model_copy(update={"dialogue": model_decides})
     world = load_world(WORLD)
     router, engines = open_router(settings)
     dialogue = next(e for e in engines if e.backend.name == settings.engine.dialogue_model)

@@ -410,11 +410,13 @@ async def test_gateway_routes_by_tier_and_the_npc_answers_with_the_remote_down(
         },
         {"remote": dead},
     )
-    # The line filter off: a try it catches would be one more dialogue request to count.
+    # The line filter off: a try it catches would be one more dialogue request to count; the
+    # model decides the line, so the decision is a request routed by its kind.
+    dialogue = {"line_filter": False, "decider": "model"}
     effective = settings.model_copy(
         update={
             "knowledge": settings.knowledge.model_copy(update={"watch": False}),
-            "dialogue": settings.dialogue.model_copy(update={"line_filter": False}),
+            "dialogue": settings.dialogue.model_copy(update=dialogue),
         }
     )
     gateway = Gateway(effective, load_world(EXAMPLE_WORLD), router=router)

@@ -1381,7 +1381,14 @@ class NPCActor:
             )
             action = json.loads(done.text)["action"]
             return ("give_item", validate_call("give_item", action["args"], ["give_item"]))
-        except (RequestError, EngineError, ToolArgumentError, ValueError, KeyError) as exc:
+        except (
+            RequestError,
+            EngineError,
+            ToolArgumentError,
+            ValueError,
+            LookupError,
+            TypeError,
+        ) as exc:
             log.warning("%s could not read the item asked for: %s", self.npc_id, exc)
             self.cast.stats.decision_failures += 1
             return None
