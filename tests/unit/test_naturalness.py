@@ -41,6 +41,7 @@ pytestmark = pytest.mark.unit
     "text",
     [
         "If you have any more questions or need further assistance, feel free to ask.",
+        "Do you have any other questions about the town?",
         "As an AI language model, I do not drink.",
         "I'm here to help you with anything.",
         "I'm sorry, but I can't assist with that.",

@@ -29,7 +29,8 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("feel free", r"\bfeel free to\b"),
         ("any more questions",
          r"\b(if|should|in case) you (have|need|want) (any|anything|some)( (more|other|further|"
-         r"additional|else))?\b.{0,20}\b(questions?|help|assistance|information)\b"),
+         r"additional|else))?\b.{0,20}\b(questions?|help|assistance|information)\b"
+         r"|\b(do|would) you have any (more|other|further|additional) questions?\b"),
         ("anything else", r"\b(is there )?anything else (I can|you('d| would) like|you need)\b"),
         ("let me know", r"\b(let me know|don'?t hesitate)\b"),
         ("here to help", r"\b(I'?m|I am) (always |just )?here to (help|assist)\b"),
