@@ -753,6 +753,13 @@ def _without(text: str, own: Sequence[str]) -> str:
     return text
 
 
+_APOLOGY = re.compile(
+    r"\s*(I apologi[sz]e|I'?m (so |very |truly )?sorry|sorry|my apologies|I'?m afraid)\b",
+    re.IGNORECASE,
+)
+"""An apology opening a reply: held until its next clause (`LineFilter._reading`)."""
+
+
 @dataclass(slots=True)
 class LineFilter:
     """Holds each clause of a streamed reply until it is checked, then releases it.
@@ -836,11 +843,20 @@ class LineFilter:
         return ("", finding) if finding is not None else (self._release(pending + piece), None)
 
     def _reading(self) -> bool:
-        """Whether the sentence so far ends with words in a row of an instruction: three or
+        """Whether the reply so far is an apology of four words or fewer ("I'm sorry,"), or
+        the sentence so far ends with words in a row of an instruction: three or
         more, one of five letters or longer (not "of the world"), or two of three letters
         or more, one of six ("wry, concise"). It may be reading it out, so it waits for its
         next clause. A sentence that says back three words in a row of a player's line that
         names the real world waits for its end: it may go on to answer it."""
+        if (
+            not self.released
+            and len(self._sentence.split()) <= 4
+            and _APOLOGY.match(self._sentence)
+        ):
+            # "I apologize," opening a reply is how an assistant's refusal begins: it waits
+            # for its next clause, so a caught refusal does not leave its apology spoken.
+            return True
         if self._grams is None:
             grams: set[tuple[str, ...]] = set()
             for line in (*self.instructions, *self.plain):
