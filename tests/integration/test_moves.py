@@ -3,6 +3,8 @@ its examples (none of them is one of `EXAMPLES`, none names a world of this repo
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mythic.dialogue._moves import EXAMPLES, MOVES, LineClassifier
@@ -125,3 +127,28 @@ def test_unknown_moves_are_refused() -> None:
 
     with pytest.raises(ValueError, match="unknown moves: dance"):
         LineClassifier(Never(), {"dance": ("Shall we dance?",)})  # type: ignore[arg-type]
+
+
+def test_a_hostile_line_costs_a_bounded_number_of_embeddings() -> None:
+    """A line at the wire's limit (4,000 characters) of one-word sentences: the whole line
+    and its first `MAX_SENTENCES` sentences are embedded, and it still gets a move."""
+    from mythic.dialogue._moves import MAX_SENTENCES
+
+    class Counting:
+        name, dim = "counting", 384
+
+        def __init__(self) -> None:
+            self.inner = shared_embedder()
+            self.texts = 0
+
+        def embed(self, texts: list[str]) -> Any:
+            self.texts += len(texts)
+            return self.inner.embed(texts)
+
+    counting = Counting()
+    classifier = LineClassifier(counting)  # type: ignore[arg-type]
+    built = counting.texts
+    got = classifier.classify(("Hi. " * 1000)[:4000])
+    assert counting.texts - built == 1 + MAX_SENTENCES
+    assert got.move in MOVES
+    assert classifier.classify("\x00\ufffd' OR 1=1; --").move in MOVES

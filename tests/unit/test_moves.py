@@ -53,3 +53,9 @@ def test_every_move_has_examples_and_a_known_intent() -> None:
     assert {move.intent for move in MOVES.values()} <= set(INTENTS)
     lines = [line.lower() for lines in EXAMPLES.values() for line in lines]
     assert len(lines) == len(set(lines))  # no example under two moves
+
+
+def test_a_place_in_a_very_long_line_is_still_found_by_name() -> None:
+    line = "word " * 2000 + "Blackfen Marsh"
+    assert place_named(line, PLACES) == "blackfen_marsh"
+    assert place_named("\x00\ufffd" * 500, PLACES) is None

@@ -283,9 +283,14 @@ EXAMPLES: Mapping[str, tuple[str, ...]] = {
     ),
 }
 """The labelled lines the classifier compares a player's line with: everyday English, no
-world's names. `tests/unit/test_moves.py` scores the classifier on other lines."""
+world's names. `tests/integration/test_moves.py` scores the classifier on other lines."""
 
 _SENTENCES = re.compile(r"(?<=[.!?])\s+")
+MAX_SENTENCES = 8
+"""Sentences of a line scored one by one (the whole line is scored too): a 4,000-character
+line of one-word sentences costs eight embeddings, not two thousand."""
+MAX_PLACE_WORDS = 120
+"""Words of a line searched for a misheard place name."""
 
 ACT_MARGIN = 0.04
 """How much nearer an acting move (a tool call) must be than the nearest non-acting one:
@@ -314,7 +319,7 @@ class LineClassifier:
     A line's score for a move is the mean cosine of its `k` nearest examples of that move;
     each sentence of a line and the whole line are scored, the best kept, so "Thanks. Where
     is the mill?" asks the way. Thread-safe where the embedder is; `classify` is CPU work
-    for a worker thread (about 10 ms).
+    for a worker thread (17 ms at the median on 2 cores: `bench/results/moves.json`).
     """
 
     def __init__(
@@ -336,7 +341,7 @@ class LineClassifier:
         """Each move's score for `text` (the best of its sentences and the whole)."""
         import numpy as np
 
-        parts = [p for p in _SENTENCES.split(text.strip()) if p]
+        parts = [p for p in _SENTENCES.split(text.strip()) if p][:MAX_SENTENCES]
         segments = [text.strip(), *parts] if len(parts) > 1 else [text.strip()]
         sims = self._embedder.embed(segments) @ self._vectors.T
         labels = np.array(self._labels)
@@ -410,7 +415,7 @@ def place_named(text: str, places: Mapping[str, str]) -> str | None:
     for word in line.split():
         if len(word) >= 5 and len(owners.get(word, ())) == 1:
             return next(iter(owners[word]))
-    words = line.split()
+    words = line.split()[:MAX_PLACE_WORDS]
     near: tuple[float, str] | None = None
     for place, named in forms.items():
         for form in named:
