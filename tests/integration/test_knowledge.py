@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,6 +35,37 @@ def test_embeddings_are_384_dim_unit_vectors(minilm: MiniLM) -> None:
     assert abs(float((vectors**2).sum(axis=1)[0]) - 1.0) < 1e-4
     # Paraphrases are closer to each other than to noise.
     assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2]) + 0.2
+
+
+def test_a_line_embedded_again_is_not_encoded_again(
+    minilm: MiniLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The line classifier and lore retrieval both embed the player's line: the second time
+    is served from the recent vectors, the same vectors; a large batch (lore) is not kept."""
+    from mythic.knowledge._embed import RECENT_LINES, SMALL_BATCH
+
+    encoded: list[str] = []
+    encode = minilm._encode
+
+    def counting(texts: list[str]) -> Any:
+        encoded.extend(texts)
+        return encode(texts)
+
+    monkeypatch.setattr(minilm, "_encode", counting)
+    line = "Do you have a spare lantern for the night road?"
+    first = minilm.embed([line, "Do you have a spare lantern?"])
+    again = minilm.embed([line])
+    assert encoded == [line, "Do you have a spare lantern?"]
+    assert (again[0] == first[0]).all() and again.shape == (1, 384)
+    many = [f"lore line {i}" for i in range(SMALL_BATCH + 1)]
+    minilm.embed(many)
+    minilm.embed(many[:1])
+    assert encoded.count(many[0]) == 2
+    for i in range(RECENT_LINES):
+        minilm.embed([f"other {i}"])
+    encoded.clear()
+    minilm.embed([line])
+    assert encoded == [line]  # the oldest vectors make room for the newest
 
 
 # Questions that share (almost) no words with the lore that answers them.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mythic._errors import MythicError
@@ -29,6 +30,15 @@ class Embedder(Protocol):
     dim: int
 
     def embed(self, texts: list[str]) -> Vectors: ...
+
+
+RECENT_LINES = 64
+"""Vectors of the last texts embedded in small batches (a player's line, its sentences) that
+`MiniLM` keeps: a line is embedded by the line classifier and then by lore retrieval, and the
+second time costs nothing."""
+SMALL_BATCH = 16
+"""Batches of at most this many texts are served from and added to the recent vectors;
+larger ones (lore, the classifier's examples) are embedded as they are."""
 
 
 class MiniLM:
@@ -76,20 +86,38 @@ class MiniLM:
         if dim != self.dim:
             raise KnowledgeError(f"{path} gives {dim}-dimensional vectors, not {self.dim}")
         self._lock = threading.Lock()  # one encode at a time: torch already uses every core
+        self._recent: OrderedDict[str, Vectors] = OrderedDict()
 
     def embed(self, texts: list[str]) -> Vectors:
         import numpy as np
 
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if len(texts) > SMALL_BATCH:
+            with self._lock:
+                return self._encode(texts)
         with self._lock:
-            vectors = self._model.encode(
-                texts,
-                batch_size=32,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
+            missing = list(dict.fromkeys(t for t in texts if t not in self._recent))
+            if missing:
+                for text, vector in zip(missing, self._encode(missing), strict=True):
+                    self._recent[text] = vector
+            for text in texts:
+                self._recent.move_to_end(text)
+            out = np.stack([self._recent[t] for t in texts])
+            while len(self._recent) > RECENT_LINES:
+                self._recent.popitem(last=False)
+        return out
+
+    def _encode(self, texts: list[str]) -> Vectors:
+        import numpy as np
+
+        vectors = self._model.encode(
+            texts,
+            batch_size=32,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
 

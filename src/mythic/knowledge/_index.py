@@ -217,13 +217,13 @@ class Query:
 
 
 INTENT_TERMS: dict[str, tuple[str, ...]] = {
-    "trade": ("price", "cost", "buy", "sell", "crown"),
-    "navigation": ("way", "road", "path", "where", "gate"),
+    "trade": ("price", "cost", "buy", "sell", "coin", "pay"),
+    "navigation": ("way", "road", "path", "gate"),
     "quest": ("quest", "bounty", "reward", "task"),
     "hint": ("secret", "hidden", "rumour"),
     "combat": ("danger", "weapon", "fight", "beast"),
 }
-"""Search terms an intent adds to the player's line (BM25 only)."""
+"""Search terms an intent adds to the player's line (BM25 only; stemmed as the lore is)."""
 
 INTENT_TAGS: dict[str, tuple[str, ...]] = {
     "trade": ("prices", "trade", "market", "shop"),
@@ -361,7 +361,7 @@ class Index:
         if self._bm25 is None:
             return {}
         asked = terms(query.text)
-        words = asked + [t for t in INTENT_TERMS.get(query.intent or "", ())]
+        words = asked + terms(" ".join(INTENT_TERMS.get(query.intent or "", ())))
         if not words:
             return {}
         scores = self._bm25.get_scores(words)
