@@ -275,11 +275,14 @@ async def test_an_npc_calls_only_the_tools_its_card_lists(
 
 
 async def test_the_classifier_decides_a_purchase_and_small_talk(
-    engines: tuple[Engine, Engine], settings: MythicSettings, tmp_path: Path
+    engines: tuple[Engine, Engine],
+    settings: MythicSettings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The default decider: a purchase from an NPC who can only hand items over gives the
     item the model read from the line; thanks calls nothing; neither waits on a model
-    request to be classified."""
+    request to be classified. Each line's lore is retrieved with the line's own intent."""
     world = tmp_path / "ravenmoor"
     shutil.copytree(EXAMPLE_WORLD, world)
     card = world / "npcs" / "marla.yaml"
@@ -295,6 +298,15 @@ async def test_the_classifier_decides_a_purchase_and_small_talk(
         MythicClient(f"ws://{address}/v1/ws", tool_handler=game) as client,
         asyncio.timeout(180),
     ):
+        knowledge = gateway.cast.knowledge
+        assert knowledge is not None
+        context, intents = knowledge.context, list[str | None]()
+
+        def spied(npc_id: str, query: Query, **kw: Any) -> Any:
+            intents.append(query.intent)
+            return context(npc_id, query, **kw)
+
+        monkeypatch.setattr(knowledge, "context", spied)
         bought = await client.say("marla", "Two mugs of your dark ale for me, here's the coin.")
         await bought.reply()
         thanked = await client.say("marla", "Much appreciated, that's all for tonight.")
@@ -304,6 +316,8 @@ async def test_the_classifier_decides_a_purchase_and_small_talk(
     assert "ale" in calls[0].args["item"].lower() and calls[0].args.get("quantity") in (None, 2)
     assert bought.tool_calls == calls and thanked.tool_calls == []
     assert gateway.cast.stats.intents["trade"] == 1 and gateway.cast.stats.intents["chitchat"] == 1
+    # Each line's lore is retrieved with its own intent, not the last line's.
+    assert intents == ["trade", "chitchat"]
 
 
 async def test_an_unanswered_tool_call_is_resent_then_times_out(

@@ -14,6 +14,7 @@ from mythic.dialogue import (
     admitted,
     affirmed,
     assistant_phrases,
+    deflected,
     deflection,
     echoes,
     greeting_lead,
@@ -634,3 +635,41 @@ def test_an_apology_opening_a_reply_waits_for_its_next_clause() -> None:
     check = LineFilter(asked="Is the ferry running?")
     check.push("The ferry sank last spring. ")
     assert check.push("Sorry, ")[0] == "Sorry, "
+
+
+def test_a_name_the_world_never_said_answers_a_real_world_line() -> None:
+    """Asked of the real world, a reply naming what neither the world's texts nor the player
+    said has answered it, whatever list of real-world words misses the name; the same name
+    in a reply to a line of the world is the NPC's to invent."""
+    fen = world_words(["The fen town of Saltmere trades eels for silver with Old Garrow."])
+    asked = "Who won the last football World Cup, and what's the price of Bitcoin today?"
+    said, finding = _stream(
+        LineFilter(asked=asked, known=fen),
+        _tokens("The last football World Cup was won by Chelsea and the Saltmere eels."),
+    )
+    assert said == "" and finding is not None and finding.kind == "assistant"
+    assert finding.detail == "the real world: Chelsea"
+    clean = "Football? In Saltmere we kick eels, friend, and Old Garrow wins. "
+    assert LineFilter(asked=asked, known=fen).push(clean) == (clean, None)
+    ours = "Ask Maddock at the ferry, he keeps the eel tallies. "
+    assert LineFilter(asked="Who keeps the tallies?", known=fen).push(ours) == (ours, None)
+
+
+def test_a_refusal_after_a_clause_said_finishes_its_sentence() -> None:
+    """A reply caught after its first clause went out ends that sentence with a refusal in
+    lower case ("I am Marla, and there it ends."), never one said before; the distiller
+    knows it for the filter's words."""
+    for kind in ("assistant", "narration", "taboo", "repeat", "echo"):
+        for key in map(str, range(8)):
+            going_on = deflection(kind, key, going_on=True)
+            assert going_on[:1].islower() and going_on.endswith("."), going_on
+            assert deflected(f"I am Marla, {going_on}")
+    first = deflection("taboo", "k", going_on=True)
+    second = deflection("taboo", "k", sentences(f"I am Marla, {first}"), going_on=True)
+    assert second != first
+    everything: list[str] = []
+    for _ in range(12):
+        everything.append(f"No, {deflection('taboo', 'k', everything, going_on=True)}")
+    assert len(set(everything[:6])) == 6  # every pool's line, then the short ones
+    last = deflection("taboo", "k", everything, going_on=True)
+    assert last[:1].islower() and all(repeats(s, [s]) is None for s in sentences(last))

@@ -45,7 +45,6 @@ from mythic.cli._quality import (
     run_quality,
     scorecard,
     secret_terms,
-    strange_name,
     table,
 )
 from mythic.config import MythicSettings
@@ -57,6 +56,7 @@ from mythic.dialogue import (
     leaked,
     said_stems,
     stepped_out,
+    strange_name,
     telling,
     touched,
     world_words,

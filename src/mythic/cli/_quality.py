@@ -54,6 +54,7 @@ from mythic.dialogue import (
     secrets_of,
     sentences,
     stepped_out,
+    strange_name,
     world_words,
 )
 from mythic.knowledge import LoreDoc, Persona, World, WorldLoadError, load_world, persona_prompt
@@ -1471,25 +1472,6 @@ def went_along(text: str, asked: str, known: frozenset[str] = frozenset()) -> st
         if said:
             return f"works the numbers: {said[0]}"
     return None
-
-
-def strange_name(text: str, known: frozenset[str], heard: str = "") -> str | None:
-    """The first name (a capitalised word inside a sentence) that neither the world's texts
-    (`known`) nor the player (`heard`) said: "Manhattan" in a world of fens and ferries."""
-    heard_words = {w.lower() for w in _NAME_WORDS.findall(heard)}
-    for sentence in sentences(text):
-        words: list[str] = _NAME_WORDS.findall(sentence)
-        for i, word in enumerate(words):
-            if i == 0 or not word[:1].isupper() or word.isupper() or word.startswith("I'"):
-                continue
-            low = word.lower()
-            if low in known or low.rstrip("s") in known or low in heard_words:
-                continue
-            return word
-    return None
-
-
-_NAME_WORDS = re.compile(r"[\w']+")
 
 
 def echoes_prompt(text: str, npc: NPCPlan, heard: str = "") -> str | None:

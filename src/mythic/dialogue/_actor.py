@@ -47,7 +47,7 @@ from mythic.dialogue._events import (
     TurnDone,
 )
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError
-from mythic.dialogue._moves import place_named
+from mythic.dialogue._moves import Classified, place_named
 from mythic.dialogue._naturalness import (
     REMINDED,
     Finding,
@@ -86,6 +86,7 @@ from mythic.knowledge import (
     HEADERS,
     MORE_LORE,
     PROMPT_RULES,
+    Packed,
     Query,
     SceneState,
     intent_prompt,
@@ -262,7 +263,9 @@ class NPCActor:
         self._turn: _Turn | None = None
         self._held: deque[PlayerLine] = deque()
         self._intents: dict[str, str] = {}
-        """Per session, the last intent decided: it steers the next line's retrieval."""
+        """Per session, the last intent decided: it steers the next line's retrieval when no
+        line classifier gives the line's own."""
+        self._last_move: tuple[str, Classified] | None = None
         self._players: dict[str, str] = {}
         """Per session, the player it belongs to (sessions that name one)."""
         self._memory_told: dict[str, ChatMessage | None] = {}
@@ -878,11 +881,12 @@ class NPCActor:
 
     async def _context(self, session_id: str, text: str) -> _Told:
         """What this turn's prompt tells beyond what the session's conversation told already:
-        the `## Lore` retrieved for `text` (with the session's last intent and the scene)
-        less the lines told in earlier exchanges still in the prompt (a `## More Lore`
-        section then), and the `## Scene` when it changed. One message just before the line;
-        it stays in the history with the exchange, so a fact is told (and evaluated) once
-        per conversation, not at every line. Retrieval runs in a worker thread."""
+        the `## Lore` retrieved for `text` (with the line's own intent by the cast's line
+        classifier, else the session's last intent, and the scene) less the lines told in
+        earlier exchanges still in the prompt (a `## More Lore` section then), and the
+        `## Scene` when it changed. One message just before the line; it stays in the
+        history with the exchange, so a fact is told (and evaluated) once per conversation,
+        not at every line. Classifying and retrieval run in one worker thread."""
         known_lore, known_scene = self._known(session_id)
         knowledge = self.cast.knowledge
         if knowledge is None or not self.cast.retrieval or self.npc_id not in knowledge.world.npcs:
@@ -891,14 +895,19 @@ class NPCActor:
             scene = self.scene.describe()
             return _told_of(None, scene if scene != known_scene else None)
         told = self._memory_told.get(session_id)
-        query = Query(text, self._intents.get(session_id))
-        packed = await asyncio.to_thread(
-            knowledge.context,
-            self.npc_id,
-            query,
-            memory=told.content if told else None,
-            scene=self.scene.state(),
-        )
+        state = self.scene.state()
+
+        def retrieve() -> Packed:
+            move = self._classified(text)
+            intent = move.intent if move is not None else self._intents.get(session_id)
+            return knowledge.context(
+                self.npc_id,
+                Query(text, intent),
+                memory=told.content if told else None,
+                scene=state,
+            )
+
+        packed = await asyncio.to_thread(retrieve)
         lore = lore_beyond(known_lore, packed.lore) if known_lore else packed.lore
         return _told_of(lore, packed.scene if packed.scene != known_scene else None)
 
@@ -1058,10 +1067,16 @@ class NPCActor:
             )
         assert finding is not None
         out.reason = "stop"
-        # Every try caught: the NPC refuses, breaking off what it had begun to say, in
-        # words not yet said in this conversation.
+        # Every try caught: the NPC refuses, in words not yet said in this conversation:
+        # finishing the sentence whose first clause went out ("I am Marla," "and there it
+        # ends."), else breaking off what it had begun to say.
         said = [s for text in (*_said(history), given) for s in sentences(text)]
-        yield ("— " if given else "") + deflection(finding.kind, out.line.turn_id, said)
+        going_on = re.search(r"[,;:\u2014\u2013]\s*$", given) is not None
+        refusal = deflection(finding.kind, out.line.turn_id, said, going_on=going_on)
+        if going_on:
+            yield ("" if given.endswith(" ") else " ") + refusal
+        else:
+            yield ("— " if given else "") + refusal
 
     def _line_filter(self, history: list[ChatMessage], line: str) -> LineFilter:
         """The checks of one reply in a conversation whose messages so far are `history`."""
@@ -1277,6 +1292,21 @@ class NPCActor:
             ),
         )
 
+    def _classified(self, text: str) -> Classified | None:
+        """The move of `text` by the cast's line classifier; None without one (`decider:
+        model`). The last line's move is kept: the turn's lore and its decision classify the
+        line once. Blocking (17 ms on 2 cores; a second or so when it builds the classifier):
+        call it in a worker thread."""
+        classifier = self.cast.classifier()
+        if classifier is None:
+            return None
+        last = self._last_move
+        if last is not None and last[0] == text:
+            return last[1]
+        move = classifier.classify(text)
+        self._last_move = (text, move)
+        return move
+
     async def _decide(self, line: PlayerLine) -> Decision | None:
         """The intent of the line and at most one tool call: by the cast's line classifier
         (`dialogue.decider`), else by a gold constrained request on the model.
@@ -1285,9 +1315,8 @@ class NPCActor:
         model repeated the last tool on "thank you". A refused or failed decision is logged
         and counts as none: the reply goes on.
         """
-        classifier = await asyncio.to_thread(self.cast.classifier)
-        if classifier is not None:
-            move = await asyncio.to_thread(classifier.classify, line.text)
+        move = await asyncio.to_thread(self._classified, line.text)
+        if move is not None:
             tool = await self._move_tool(line, move.move) if move.acts and line.tools else None
             self.cast.stats.intents[move.intent] += 1
             return Decision(move.intent, tool)

@@ -573,6 +573,24 @@ def stepped_out(
     return None
 
 
+def strange_name(text: str, known: frozenset[str], heard: str = "") -> str | None:
+    """The first name (a capitalised word inside a sentence) that neither the world's texts
+    (`known`, `world_words`) nor the player (`heard`) said: "Manhattan" in a world of fens
+    and ferries. Asked of the real world, a reply that names one has answered it ("won by
+    Chelsea"), whatever list of real-world words (`real_world`) misses the name."""
+    heard_words = {w.lower() for w in _WORDS.findall(heard)}
+    for sentence in sentences(text):
+        words: list[str] = _WORDS.findall(sentence)
+        for i, word in enumerate(words):
+            if i == 0 or not word[:1].isupper() or word.isupper() or word.startswith("I'"):
+                continue
+            low = word.lower()
+            if low in known or low.rstrip("s") in known or low in heard_words:
+                continue
+            return word
+    return None
+
+
 def leaked(text: str, secrets: Sequence[Secret], heard: str = "") -> list[str]:
     """The secret terms `text` says that the player has not said themselves (`heard`):
     repeating the player's own words gives nothing away."""
@@ -915,6 +933,9 @@ class LineFilter:
         # The real world named, a sum worked, or (in the reply's first sentence) a yes to
         # "are you an AI?": the player's request done, not answered in character.
         out = stepped_out(sentence, self.asked, self.heard, self.known, first=not self._said)
+        if out is None and self.known and self._off_topic():
+            name = strange_name(sentence, self.known, self.heard or self.asked)
+            out = f"the real world: {name}" if name is not None else None
         if out is not None:
             return Finding("assistant", out)
         spoken = _without(sentence, self.own) if self.own else sentence
@@ -1023,23 +1044,57 @@ _ANY_DEFLECTION = (
     "I'd rather not say more.",
 )
 _SHORT_DEFLECTION = ("Hm. No.", "Leave it.", "Enough of that.", "Not that.")
+# The same refusals as the end of a clause already said ("I am Marla," then "and that's all
+# I'll say to such talk."): a reply caught after its first clause went out finishes that
+# sentence rather than breaking it off ("I am Marla, — Hm. Ask me again, plainer.").
+_GOING_ON: dict[Kind, tuple[str, ...]] = {
+    "assistant": (
+        "and that's all I'll say to such talk.",
+        "but you've lost me there.",
+        "but I know nothing of such things.",
+        "but that's strange talk to me.",
+    ),
+    "narration": ("but ask me again, plainer.", "but I didn't catch your meaning."),
+    "taboo": (
+        "and that's all I'll say of it.",
+        "but some things stay unsaid.",
+        "and there it ends.",
+        "but ask about something else.",
+    ),
+    "repeat": ("but I've told you what I know.", "and I've said my piece on that."),
+    "echo": ("but ask me again, plainer.", "but I didn't catch your meaning."),
+}
+_ANY_GOING_ON = ("but let's talk of something else.", "and I'd rather not say more.")
+_SHORT_GOING_ON = ("and no more.", "and that's that.", "and enough.")
 
 
 def deflected(text: str) -> bool:
     """Whether `text` ends in one of `deflection`'s refusals: the filter's words, not the
     model's (`mythic distill` keeps no such reply as training data)."""
     said = normalise(text)
-    lines = (*(x for pool in _DEFLECTIONS.values() for x in pool), *_ANY_DEFLECTION)
-    return any(said.endswith(normalise(line)) for line in (*lines, *_SHORT_DEFLECTION))
+    lines = (
+        *(x for pool in (*_DEFLECTIONS.values(), *_GOING_ON.values()) for x in pool),
+        *_ANY_DEFLECTION,
+        *_SHORT_DEFLECTION,
+        *_ANY_GOING_ON,
+        *_SHORT_GOING_ON,
+    )
+    return any(said.endswith(normalise(line)) for line in lines)
 
 
-def deflection(kind: Kind, key: str, said: Sequence[str] = ()) -> str:
+def deflection(kind: Kind, key: str, said: Sequence[str] = (), *, going_on: bool = False) -> str:
     """A short refusal for a reply whose every try was caught for `kind` (`key` picks where
     to start): the first, in turn, none of whose sentences `repeats` one of `said` (the
-    conversation's sentences so far); a line too short to be a repeat when all were said."""
-    lines = _DEFLECTIONS[kind]
+    conversation's sentences so far); a line too short to be a repeat when all were said.
+    `going_on`: the end of a sentence whose first clause was said ("and there it ends.")."""
+    lines = (_GOING_ON if going_on else _DEFLECTIONS)[kind]
+    anyone: tuple[str, ...] = _ANY_GOING_ON if going_on else _ANY_DEFLECTION
+    short: tuple[str, ...] = _SHORT_GOING_ON if going_on else _SHORT_DEFLECTION
+    ends = {normalise(s) for s in said} if going_on else set()
     start = sum(map(ord, key)) % len(lines)
-    for line in (*lines[start:], *lines[:start], *_ANY_DEFLECTION):
+    for line in (*lines[start:], *lines[:start], *anyone):
+        if going_on and any(e.endswith(normalise(line)) for e in ends):
+            continue  # "No, and there it ends." then "I am Marla, and there it ends."
         if not any(repeats(sentence, said) for sentence in sentences(line)):
             return line
-    return _SHORT_DEFLECTION[start % len(_SHORT_DEFLECTION)]
+    return short[start % len(short)]
