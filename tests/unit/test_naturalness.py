@@ -65,6 +65,7 @@ pytestmark = pytest.mark.unit
         '{"zone":"old_town","time":"21:10"}',
         "I'm glad you found it helpful, traveller.",
         "Dear [Name],\nI hope this letter finds you well.",
+        "I am a trained model created by the folk of this valley.",
     ],
 )
 def test_assistant_phrasing_is_found(text: str) -> None:
@@ -81,6 +82,8 @@ def test_assistant_phrasing_is_found(text: str) -> None:
         "A python? Not in my kitchen, dearie.",
         "From the Eastgate, walk a mile east: you'll smell the marsh first.",
         "Java beans come up the river twice a year.",
+        "I'm a large model of a ship, carved by my father.",
+        "I am a model for the painter on the hill.",
     ],
 )
 def test_a_characters_line_is_not_assistant_phrasing(text: str) -> None:

@@ -52,7 +52,9 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("as an AI",
          r"\b(as an?|I'?m an?|I am an?|I'?m just an?|I am just an?|I'?m only an?)\s+(AI|A\.I\.|"
          r"artificial intelligence|(large )?language model|virtual assistant|chat ?bot|assistant"
-         r"|computer program|machine)\b"),
+         r"|computer program|machine"
+         # "I am a trained model": a model of any kind that was trained (not a sitter's).
+         r"|(trained|pre-?trained|AI|machine[- ]learning|neural) (language )?model)\b"),
         ("language model",
          r"\b(language model|LLM|chat ?GPT|OpenAI|Alibaba|Qwen|neural network)\b"),
         ("no feelings",
