@@ -282,7 +282,8 @@ async def test_the_classifier_decides_a_purchase_and_small_talk(
 ) -> None:
     """The default decider: a purchase from an NPC who can only hand items over gives the
     item the model read from the line; thanks calls nothing; neither waits on a model
-    request to be classified. Each line's lore is retrieved with the line's own intent."""
+    request to be classified; the way to a place of the lore sets a waypoint to its zone.
+    Each line's lore is retrieved with the line's own intent."""
     world = tmp_path / "ravenmoor"
     shutil.copytree(EXAMPLE_WORLD, world)
     card = world / "npcs" / "marla.yaml"
@@ -311,13 +312,18 @@ async def test_the_classifier_decides_a_purchase_and_small_talk(
         await bought.reply()
         thanked = await client.say("marla", "Much appreciated, that's all for tonight.")
         await thanked.reply()
+        # A place of the lore, not a zone's name: the way to the zone it is written in.
+        asked = await client.say("marla", "Which way to the Bone Market from here?")
+        await asked.reply()
         assert gateway.cast.classifier() is not None
-    assert [c.name for c in calls] == ["give_item"], (bought.text, thanked.text)
+    assert [c.name for c in calls] == ["give_item", "set_waypoint"], (bought.text, thanked.text)
     assert "ale" in calls[0].args["item"].lower() and calls[0].args.get("quantity") in (None, 2)
-    assert bought.tool_calls == calls and thanked.tool_calls == []
-    assert gateway.cast.stats.intents["trade"] == 1 and gateway.cast.stats.intents["chitchat"] == 1
+    assert calls[1].args == {"target": "the_catacombs"}
+    assert bought.tool_calls == calls[:1] and thanked.tool_calls == []
+    stats = gateway.cast.stats.intents
+    assert stats["trade"] == 1 and stats["chitchat"] == 1 and stats["navigation"] == 1
     # Each line's lore is retrieved with its own intent, not the last line's.
-    assert intents == ["trade", "chitchat"]
+    assert intents == ["trade", "chitchat", "navigation"]
 
 
 async def test_an_unanswered_tool_call_is_resent_then_times_out(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mythic.dialogue._moves import EXAMPLES, MOVES, place_named
+from mythic.dialogue._moves import EXAMPLES, MOVES, place_named, zone_named
 
 pytestmark = pytest.mark.unit
 
@@ -59,3 +59,27 @@ def test_a_place_in_a_very_long_line_is_still_found_by_name() -> None:
     line = "word " * 2000 + "Blackfen Marsh"
     assert place_named(line, PLACES) == "blackfen_marsh"
     assert place_named("\x00\ufffd" * 500, PLACES) is None
+
+
+TITLES = [
+    ("old_town", "The Drowned Lantern tavern"),
+    ("old_town", "Bells, coin and the Night Watch"),
+    ("the_catacombs", "The Bone Market"),
+    ("cathedral_quarter", "Morvaine House and the Countess"),
+]
+
+
+@pytest.mark.parametrize(
+    ("line", "zone"),
+    [
+        ("Which way to the tavern?", "old_town"),  # a word only one title has
+        ("How do I find the Bone Market?", "the_catacombs"),
+        ("Take me to Morvaine House.", "cathedral_quarter"),
+        ("Where does the Countess live?", "cathedral_quarter"),
+        ("Which way to Blackfen Marsh, past the tavern?", "blackfen_marsh"),  # a zone first
+        ("Where is the mill?", None),
+    ],
+)
+def test_a_place_in_the_lore_leads_to_its_zone(line: str, zone: str | None) -> None:
+    assert zone_named(line, PLACES, TITLES) == zone
+    assert zone_named(line, PLACES) == place_named(line, PLACES)

@@ -47,7 +47,7 @@ from mythic.dialogue._events import (
     TurnDone,
 )
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError
-from mythic.dialogue._moves import Classified, place_named
+from mythic.dialogue._moves import Classified, zone_named
 from mythic.dialogue._naturalness import (
     REMINDED,
     Finding,
@@ -1350,15 +1350,18 @@ class NPCActor:
 
     async def _move_tool(self, line: PlayerLine, move: str) -> tuple[str, dict[str, Any]] | None:
         """The game tool a classified acting `move` calls, among the NPC's tools: the way to
-        a place the line names (a waypoint, else a marker); a purchase opens the trade window,
+        the zone the line names, by its name or a title of its lore (a waypoint, else a
+        marker); a purchase opens the trade window,
         else gives the item the model reads from the line; work opens the quest window; a
         threat turns the NPC to face the player (else a glare). None: no tool fits."""
         has = set(self.tools).__contains__
         call: tuple[str, dict[str, Any]] | None = None
         match move:
             case "way":
-                zones = self.cast.world.card.zones
-                place = place_named(line.text, {z: zone.name for z, zone in zones.items()})
+                world = self.cast.world
+                zones = {z: zone.name for z, zone in world.card.zones.items()}
+                titles = [(d.zone, d.title) for d in world.lore if d.zone in zones]
+                place = await asyncio.to_thread(zone_named, line.text, zones, titles)
                 if place is not None and has("set_waypoint"):
                     call = ("set_waypoint", {"target": place})
                 elif place is not None and has("set_marker"):

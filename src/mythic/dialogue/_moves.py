@@ -429,3 +429,18 @@ def place_named(text: str, places: Mapping[str, str]) -> str | None:
                     if ratio >= least and (near is None or ratio > near[0]):
                         near = (ratio, place)
     return near[1] if near else None
+
+
+def zone_named(
+    text: str, zones: Mapping[str, str], titles: Sequence[tuple[str, str]] = ()
+) -> str | None:
+    """The zone (an id of `zones`, id -> name) that `text` names (`place_named`), else the
+    zone of the lore document whose title it names (`titles`: (zone id, title) pairs), so
+    "Which way to the tavern?" leads to the zone "The Drowned Lantern tavern" is written
+    in; None when neither is named. Blocking for a world of many documents (each title is
+    matched as `place_named` matches a name): call it in a worker thread."""
+    zone = place_named(text, zones)
+    if zone is not None or not titles:
+        return zone
+    named = place_named(text, {str(i): title for i, (_, title) in enumerate(titles)})
+    return titles[int(named)][0] if named is not None else None
