@@ -1,0 +1,363 @@
+"""The client conformance suite (`clients/conformance/`) played by the Python client,
+`mythic.client`, against a real `mythic serve` on loopback with the embedded model.
+
+The scenarios are the same JSON files every client SDK plays (TypeScript:
+`test_sdk_typescript.py`); their format is in `clients/conformance/README.md`. This module
+also starts the server those players share: `mythic_serve`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import TypeAdapter, ValidationError
+from websockets.asyncio.client import ClientConnection, connect
+
+from mythic.client import ConnectionLostError, MythicClient, ToolResult, Turn, TurnEvent
+from mythic.contracts import (
+    AUDIO_FRAME_MAGIC,
+    Ack,
+    ClientMessage,
+    Cutoff,
+    Error,
+    LLMStreamDelta,
+    ToolCall,
+    parse_server_message,
+)
+from tests.conftest import EXAMPLE_WORLD, ROOT
+
+pytestmark = pytest.mark.integration
+
+CONFORMANCE = ROOT / "clients" / "conformance"
+SCENARIOS = sorted((CONFORMANCE / "scenarios").glob("*.json"))
+# The server every player meets (clients/conformance/README.md says the same): SmolLM2 talks
+# and decides (one small model: fast), replies are short and greedy, voice is off.
+SERVE_ENV = {
+    "MYTHIC_ENGINE__DIALOGUE_MODEL": "smollm2-135m-instruct",
+    "MYTHIC_CHAT__MAX_TOKENS": "40",
+    "MYTHIC_CHAT__TEMPERATURE": "0",
+    "MYTHIC_DIALOGUE__TOOL_TIMEOUT_S": "10",
+}
+SERVE_ARGS = ("serve", "--world", str(EXAMPLE_WORLD), "--port", "0", "--no-voice")
+WAIT_S = 120.0
+"""The bound on any one wait of a scenario step (a reply on two shared cores included)."""
+
+
+@contextlib.contextmanager
+def mythic_serve(log_dir: Path, ready_timeout_s: float = 180) -> Iterator[str]:
+    """`mythic serve` of the example world on a free loopback port, as a user starts it;
+    yields its WebSocket URL once `/readyz` answers, and kills it on exit."""
+    # stderr goes to a file: llama.cpp logs a lot, and a full pipe would block the server.
+    with (log_dir / "serve.log").open("w+b") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mythic", *SERVE_ARGS],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            cwd=ROOT,
+            env={**os.environ, **SERVE_ENV},
+        )
+        assert proc.stdout is not None
+        try:
+            seen = b""
+            deadline = time.monotonic() + ready_timeout_s
+            while b"NPCs: " not in seen:  # the last line of the announcement
+                assert proc.poll() is None, seen.decode() + log.read().decode(errors="replace")
+                assert time.monotonic() < deadline, seen.decode()
+                ready, _, _ = select.select([proc.stdout], [], [], 5)
+                if ready:
+                    seen += os.read(proc.stdout.fileno(), 4096)
+            found = re.search(rb"on http://([\d.]+:\d+)", seen)
+            assert found is not None, seen.decode()
+            address = found.group(1).decode()
+            with httpx.Client(base_url=f"http://{address}") as http:
+                while http.get("/readyz").status_code != 200:
+                    assert time.monotonic() < deadline, "the server never became ready"
+                    time.sleep(0.1)
+            yield f"ws://{address}/v1/ws"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(30)
+            proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with mythic_serve(tmp_path_factory.mktemp("conformance")) as url:
+        yield url
+
+
+class ScenarioFailedError(AssertionError):
+    """A step's expectation did not hold; says which step of which scenario."""
+
+
+_CLIENT_MESSAGE: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
+
+
+class _TurnLog:
+    """One turn of a scenario: its SDK turn, the events read so far, how it ended."""
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        self.events: list[TurnEvent] = []
+        self.lost = False
+        self.over = False
+        self._events = aiter(turn)
+
+    async def read(self, until: str) -> None:
+        while not self.over:
+            try:
+                event = await anext(self._events)
+            except StopAsyncIteration:
+                self.over = True
+                return
+            except ConnectionLostError:
+                self.lost = self.over = True
+                return
+            self.events.append(event)
+            if until == "text" and isinstance(event, LLMStreamDelta) and event.delta:
+                return
+
+
+class Player:
+    """Plays one scenario through `mythic.client`, step by step."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.url = url
+        self.name = name
+        self.clients: dict[str, MythicClient] = {}
+        self.sessions: dict[str, str] = {}
+        self.bare: dict[str, ClientConnection] = {}
+        self.turns: dict[str, _TurnLog] = {}
+
+    async def play(self, steps: list[dict[str, Any]]) -> None:
+        try:
+            for n, step in enumerate(steps):
+                try:
+                    async with asyncio.timeout(step.get("timeout_s", WAIT_S)):
+                        await getattr(self, f"_{step['do']}")(step, step.get("client", "main"))
+                except (AssertionError, TimeoutError, ValidationError) as exc:
+                    raise ScenarioFailedError(f"{self.name} step {n} {step}: {exc!r}") from exc
+        finally:
+            for client in self.clients.values():
+                await client.aclose()
+            for ws in self.bare.values():
+                await ws.close()
+
+    def _fill(self, value: Any, who: str) -> Any:
+        """The `$session_id` placeholder, replaced by the client's session id."""
+        if isinstance(value, str):
+            return value.replace(
+                "$session_id", self.clients[who].session_id if who in self.clients else ""
+            )
+        if isinstance(value, dict):
+            return {k: self._fill(v, who) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._fill(v, who) for v in value]
+        return value
+
+    # -- steps --------------------------------------------------------------------------------
+
+    async def _connect(self, step: dict[str, Any], who: str) -> None:
+        client = self.clients.get(who)
+        if client is None:
+            tools: dict[str, dict[str, Any]] = step.get("tools", {})
+
+            async def game(call: ToolCall) -> ToolResult:
+                answer = tools.get(call.name, {"status": "rejected"})
+                return answer["status"], answer.get("result")
+
+            client = MythicClient(self.url, tool_handler=game, backoff_s=0.05, timeout_s=WAIT_S)
+            self.clients[who] = client
+        client.reconnect = True
+        welcome = await client.connect()
+        expect = step.get("expect", {})
+        if "resumed" in expect:
+            assert welcome.resumed is expect["resumed"], welcome
+        if expect.get("same_session"):
+            assert welcome.session_id == self.sessions[who], (welcome, self.sessions)
+        self.sessions[who] = welcome.session_id
+
+    async def _disconnect(self, step: dict[str, Any], who: str) -> None:
+        del step
+        client = self.clients[who]
+        client.reconnect = False
+        await client._ws.close()
+        assert client._reader is not None
+        await client._reader
+
+    async def _drop(self, step: dict[str, Any], who: str) -> None:
+        del step
+        self.clients[who]._ws.transport.abort()  # the network drops: no close handshake
+
+    async def _wait_resumed(self, step: dict[str, Any], who: str) -> None:
+        client, expect = self.clients[who], step["expect"]
+        while client.resumes < expect["resumes"] or not client._connected.is_set():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        assert client.resumes == expect["resumes"]
+        if expect.get("same_session"):
+            assert client.session_id == self.sessions[who]
+
+    async def _close(self, step: dict[str, Any], who: str) -> None:
+        del step
+        if who in self.bare:
+            await self.bare.pop(who).close()
+        else:
+            await self.clients.pop(who).aclose()
+
+    async def _open_bare(self, step: dict[str, Any], who: str) -> None:
+        del step
+        self.bare[who] = await connect(self.url)
+
+    async def _say(self, step: dict[str, Any], who: str) -> None:
+        turn = await self.clients[who].say(step["npc"], step["text"], turn_id=step["turn"])
+        self.turns[step["turn"]] = _TurnLog(turn)
+
+    async def _cutoff(self, step: dict[str, Any], who: str) -> None:
+        del who
+        await self.turns[step["turn"]].turn.cutoff()
+
+    async def _scene(self, step: dict[str, Any], who: str) -> None:
+        await self.clients[who].scene(
+            step["npc"], zone=step.get("zone"), time=step.get("time"), objects=step.get("objects")
+        )
+
+    async def _intent(self, step: dict[str, Any], who: str) -> None:
+        update = await self.clients[who].intent(
+            step["npc"],
+            context=step.get("context"),
+            with_bark=step.get("with_bark", False),
+            request_id=step.get("request_id"),
+        )
+        expect = step.get("expect", {})
+        assert update.npc_id == step["npc"], update
+        if "request_id" in expect:
+            assert update.request_id == expect["request_id"], update
+        if expect.get("bark"):
+            assert update.bark is not None and 1 <= len(update.bark.split()) <= 8, update
+        if "target_in" in expect:
+            assert update.target in expect["target_in"], update
+
+    async def _ack(self, step: dict[str, Any], who: str) -> None:
+        log = self.turns[step["turn"]]
+        if "call" in step:
+            calls = [e for e in log.events if isinstance(e, ToolCall)]
+            await self.clients[who].ack(calls[step["call"]], step["status"])
+            return
+        await self.clients[who].send(
+            Ack(
+                ack_of="ToolCall",
+                status=step["status"],
+                turn_id=step["turn"],
+                call_id=step["call_id"],
+            )
+        )
+
+    async def _send(self, step: dict[str, Any], who: str) -> None:
+        message = {"schema_version": "v1", **self._fill(step["message"], who)}
+        if step.get("refused_locally"):
+            with pytest.raises(ValidationError):
+                _CLIENT_MESSAGE.validate_python(message)
+            return
+        await self.clients[who].send(_CLIENT_MESSAGE.validate_python(message))
+
+    async def _send_raw(self, step: dict[str, Any], who: str) -> None:
+        frame: str | bytes
+        if "text" in step:
+            frame = self._fill(step["text"], who) * step.get("repeat", 1)
+        elif "binary_base64" in step:
+            frame = base64.b64decode(step["binary_base64"])
+        else:
+            audio = step["audio_frame"]
+            header = json.dumps(self._fill(audio["header"], who)).encode()
+            pcm = base64.b64decode(audio["pcm_base64"])
+            frame = AUDIO_FRAME_MAGIC + len(header).to_bytes(4, "little") + header + pcm
+        ws = self.bare[who] if who in self.bare else self.clients[who]._ws
+        await ws.send(frame)
+
+    async def _expect_error(self, step: dict[str, Any], who: str) -> None:
+        error = await (self._bare_error(who) if who in self.bare else self._client_error(who))
+        for key, value in step["expect"].items():
+            assert getattr(error, key) == value, (key, error)
+
+    async def _client_error(self, who: str) -> Error:
+        events = self.clients[who].events
+        while not isinstance(event := await events.get(), Error):
+            pass
+        return event
+
+    async def _bare_error(self, who: str) -> Error:
+        while not isinstance(message := parse_server_message(await self.bare[who].recv()), Error):
+            pass
+        return message
+
+    async def _read(self, step: dict[str, Any], who: str) -> None:
+        del who
+        log = self.turns[step["turn"]]
+        await log.read(step["until"])
+        if step["until"] == "end":
+            self._check_turn(log, step.get("expect", {}))
+
+    def _check_turn(self, log: _TurnLog, expect: dict[str, Any]) -> None:
+        deltas = [e for e in log.events if isinstance(e, LLMStreamDelta)]
+        assert [d.seq for d in deltas] == list(range(len(deltas))), "seq has gaps"
+        assert log.lost is expect.get("lost", False), log.events
+        if "finish_reason" in expect:
+            assert log.turn.finish_reason in expect["finish_reason"], log.events
+        if expect.get("text"):
+            assert log.turn.text.strip(), log.events
+        if "tool_calls" in expect:
+            calls = [e for e in log.events if isinstance(e, ToolCall)]
+            assert [c.name for c in calls] == [c["name"] for c in expect["tool_calls"]], calls
+            for call, wanted in zip(calls, expect["tool_calls"], strict=True):
+                assert call.args | wanted.get("args", {}) == call.args, call
+        if expect.get("voiced"):
+            ends = [i for i, d in enumerate(deltas) if d.finish_reason == "tool_call"]
+            assert ends and "".join(d.delta for d in deltas[ends[0] + 1 :]).strip(), deltas
+        if "cutoffs" in expect:
+            cutoffs = [e.reason for e in log.events if isinstance(e, Cutoff)]
+            assert cutoffs == expect["cutoffs"], log.events
+        if "errors" in expect:
+            assert [e.code for e in log.events if isinstance(e, Error)] == expect["errors"]
+
+
+def _scenario(path: Path) -> dict[str, Any]:
+    scenario: dict[str, Any] = json.loads(path.read_text())
+    assert scenario["name"] == path.stem, "a scenario is named after its file"
+    return scenario
+
+
+def test_the_suite_has_every_scenario_of_issue_35() -> None:
+    """The suite is what the README says: at least the scenarios issue 35 lists."""
+    assert {p.stem for p in SCENARIOS} >= {
+        "session_start_and_resume",
+        "line_streamed",
+        "tool_call_and_duplicate_ack",
+        "barge_in_by_new_line",
+        "cutoff",
+        "scene_and_intent_with_bark",
+        "bad_frames",
+        "session_errors",
+        "refused_by_the_client",
+        "dropped_connection_mid_turn",
+    }
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+async def test_scenario(server_url: str, path: Path) -> None:
+    scenario = _scenario(path)
+    await Player(server_url, scenario["name"]).play(scenario["steps"])
