@@ -1,0 +1,318 @@
+// The conformance suite (clients/conformance/scenarios) played through this SDK against a
+// real `mythic serve`: MYTHIC_URL is its WebSocket URL (tests/integration/test_sdk_typescript.py
+// starts the server and sets it).
+import assert from "node:assert/strict";
+import { readdirSync, readFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { test } from "node:test";
+import { WebSocket } from "ws";
+
+import {
+  ConnectionLostError,
+  MythicClient,
+  ValidationError,
+  encodeAudioFrame,
+  fromBase64,
+  parseServerFrame,
+  type ClientEvent,
+  type Outgoing,
+  type ServerMessage,
+  type ToolResult,
+  type Turn,
+  type TurnEvent,
+} from "../src/index.js";
+import type { Error as ErrorMessage } from "../src/generated/messages.js";
+
+type Step = Record<string, any> & { do: string; client?: string };
+interface Scenario {
+  name: string;
+  about: string;
+  steps: Step[];
+}
+
+const URL = process.env.MYTHIC_URL;
+const DIR = resolve(process.env.MYTHIC_CONFORMANCE_DIR ?? "../conformance/scenarios");
+const WAIT_MS = 120_000;
+
+class TurnLog {
+  readonly events: TurnEvent[] = [];
+  lost = false;
+  over = false;
+  private readonly iterator: AsyncIterator<TurnEvent>;
+
+  constructor(readonly turn: Turn) {
+    this.iterator = turn[Symbol.asyncIterator]();
+  }
+
+  async read(until: string): Promise<void> {
+    while (!this.over) {
+      let next: IteratorResult<TurnEvent>;
+      try {
+        next = await this.iterator.next();
+      } catch (error) {
+        if (!(error instanceof ConnectionLostError)) throw error;
+        this.lost = this.over = true;
+        return;
+      }
+      if (next.done) {
+        this.over = true;
+        return;
+      }
+      this.events.push(next.value);
+      if (until === "text" && next.value.type === "LLMStreamDelta" && next.value.delta) return;
+    }
+  }
+}
+
+/** A plain WebSocket, no SDK: frames in arrival order, each taken once. */
+class Bare {
+  private readonly frames: string[] = [];
+  private wake: (() => void) | null = null;
+
+  constructor(readonly ws: WebSocket) {
+    ws.on("message", (data) => {
+      this.frames.push(String(data));
+      this.wake?.();
+    });
+  }
+
+  static open(url: string): Promise<Bare> {
+    const ws = new WebSocket(url);
+    return new Promise((ok, fail) => {
+      ws.once("open", () => ok(new Bare(ws)));
+      ws.once("error", fail);
+    });
+  }
+
+  async next(): Promise<ServerMessage> {
+    while (this.frames.length === 0) await new Promise<void>((wake) => (this.wake = wake));
+    return parseServerFrame(this.frames.shift()!);
+  }
+}
+
+class Player {
+  private readonly clients = new Map<string, MythicClient>();
+  private readonly sessions = new Map<string, string>();
+  private readonly bare = new Map<string, Bare>();
+  private readonly turns = new Map<string, TurnLog>();
+
+  constructor(
+    private readonly url: string,
+    private readonly name: string,
+  ) {}
+
+  async play(steps: Step[]): Promise<void> {
+    try {
+      for (const [n, step] of steps.entries()) {
+        const who = step.client ?? "main";
+        const action = (this as unknown as Record<string, (s: Step, w: string) => Promise<void>>)[step.do];
+        assert.ok(action, `unknown step ${step.do}`);
+        let timer: NodeJS.Timeout | undefined;
+        try {
+          await Promise.race([
+            action.call(this, step, who),
+            new Promise((_, fail) => {
+              timer = setTimeout(() => fail(new Error("the step timed out")), step.timeout_s ? step.timeout_s * 1000 : WAIT_MS);
+            }),
+          ]);
+        } catch (error) {
+          throw new Error(`${this.name} step ${n} ${JSON.stringify(step).slice(0, 300)}: ${String(error)}`, { cause: error });
+        } finally {
+          clearTimeout(timer);
+        }
+      }
+    } finally {
+      for (const client of this.clients.values()) await client.close();
+      for (const bare of this.bare.values()) bare.ws.terminate();
+    }
+  }
+
+  private fill(value: unknown, who: string): any {
+    if (typeof value === "string") return value.replaceAll("$session_id", this.clients.get(who)?.sessionId ?? "");
+    if (Array.isArray(value)) return value.map((v) => this.fill(v, who));
+    if (value !== null && typeof value === "object") {
+      return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, this.fill(v, who)]));
+    }
+    return value;
+  }
+
+  private client(who: string): MythicClient {
+    const client = this.clients.get(who);
+    assert.ok(client, `no client ${who}`);
+    return client;
+  }
+
+  // -- steps ----------------------------------------------------------------------------------
+
+  async connect(step: Step, who: string): Promise<void> {
+    let client = this.clients.get(who);
+    if (client === undefined) {
+      const tools: Record<string, ToolResult> = step.tools ?? {};
+      client = new MythicClient(this.url, {
+        WebSocket: WebSocket as never,
+        toolHandler: (call) => tools[call.name] ?? { status: "rejected" },
+        backoffMs: 50,
+        timeoutMs: WAIT_MS,
+      });
+      this.clients.set(who, client);
+    }
+    const welcome = await client.connect();
+    const expect = step.expect ?? {};
+    if ("resumed" in expect) assert.equal(welcome.resumed ?? false, expect.resumed);
+    if (expect.same_session) assert.equal(welcome.session_id, this.sessions.get(who));
+    this.sessions.set(who, welcome.session_id);
+  }
+
+  async disconnect(_step: Step, who: string): Promise<void> {
+    await this.client(who).disconnect();
+  }
+
+  async drop(_step: Step, who: string): Promise<void> {
+    (this.client(who).socket as unknown as WebSocket).terminate(); // no close handshake
+  }
+
+  async wait_resumed(step: Step, who: string): Promise<void> {
+    const client = this.client(who);
+    while (client.resumes < step.expect.resumes || client.socket === null) {
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    assert.equal(client.resumes, step.expect.resumes);
+    if (step.expect.same_session) assert.equal(client.sessionId, this.sessions.get(who));
+  }
+
+  async close(_step: Step, who: string): Promise<void> {
+    const bare = this.bare.get(who);
+    if (bare !== undefined) {
+      bare.ws.close();
+      this.bare.delete(who);
+      return;
+    }
+    await this.client(who).close();
+    this.clients.delete(who);
+  }
+
+  async open_bare(_step: Step, who: string): Promise<void> {
+    this.bare.set(who, await Bare.open(this.url));
+  }
+
+  async say(step: Step, who: string): Promise<void> {
+    const turn = await this.client(who).say(step.npc, step.text, { turnId: step.turn });
+    this.turns.set(step.turn, new TurnLog(turn));
+  }
+
+  async cutoff(step: Step): Promise<void> {
+    await this.turns.get(step.turn)!.turn.cutoff();
+  }
+
+  async scene(step: Step, who: string): Promise<void> {
+    await this.client(who).scene(step.npc, { zone: step.zone, time: step.time, objects: step.objects });
+  }
+
+  async intent(step: Step, who: string): Promise<void> {
+    const update = await this.client(who).intent(step.npc, {
+      context: step.context,
+      withBark: step.with_bark,
+      requestId: step.request_id,
+    });
+    const expect = step.expect ?? {};
+    assert.equal(update.npc_id, step.npc);
+    if ("request_id" in expect) assert.equal(update.request_id, expect.request_id);
+    if (expect.bark) {
+      const words = (update.bark ?? "").split(/\s+/).filter(Boolean).length;
+      assert.ok(words >= 1 && words <= 8, `bark ${JSON.stringify(update.bark)}`);
+    }
+    if ("target_in" in expect) assert.ok(expect.target_in.includes(update.target ?? null), `target ${update.target}`);
+  }
+
+  async ack(step: Step, who: string): Promise<void> {
+    if ("call" in step) {
+      const calls = this.turns.get(step.turn)!.events.filter((e) => e.type === "ToolCall");
+      const call = calls[step.call];
+      assert.ok(call, `the turn has no ToolCall ${step.call}`);
+      await this.client(who).ack(call, step.status);
+      return;
+    }
+    await this.client(who).ack({ turn_id: step.turn, call_id: step.call_id }, step.status);
+  }
+
+  async send(step: Step, who: string): Promise<void> {
+    const message = this.fill(step.message, who) as Outgoing;
+    if (step.refused_locally) {
+      await assert.rejects(this.client(who).send(message), ValidationError);
+      return;
+    }
+    await this.client(who).send(message);
+  }
+
+  async send_raw(step: Step, who: string): Promise<void> {
+    let frame: string | Uint8Array;
+    if ("text" in step) frame = this.fill(step.text, who).repeat(step.repeat ?? 1);
+    else if ("binary_base64" in step) frame = fromBase64(step.binary_base64);
+    else frame = encodeAudioFrame(this.fill(step.audio_frame.header, who), fromBase64(step.audio_frame.pcm_base64));
+    const bare = this.bare.get(who);
+    if (bare !== undefined) bare.ws.send(frame);
+    else await this.client(who).sendRaw(frame);
+  }
+
+  async expect_error(step: Step, who: string): Promise<void> {
+    const bare = this.bare.get(who);
+    let error: ErrorMessage | undefined;
+    while (error === undefined) {
+      const event: ClientEvent = bare !== undefined ? await bare.next() : await this.client(who).nextEvent(WAIT_MS);
+      if (!(event instanceof Error) && event.type === "Error") error = event;
+    }
+    for (const [key, value] of Object.entries(step.expect)) {
+      assert.equal((error as unknown as Record<string, unknown>)[key], value, `${key} of ${JSON.stringify(error)}`);
+    }
+  }
+
+  async read(step: Step): Promise<void> {
+    const log = this.turns.get(step.turn)!;
+    await log.read(step.until);
+    if (step.until === "end") checkTurn(log, step.expect ?? {});
+  }
+}
+
+function checkTurn(log: TurnLog, expect: Record<string, any>): void {
+  const seen = JSON.stringify(log.events).slice(0, 2000);
+  const deltas = log.events.filter((e) => e.type === "LLMStreamDelta");
+  assert.deepEqual(deltas.map((d) => d.seq), [...deltas.keys()], "seq has gaps");
+  assert.equal(log.lost, expect.lost ?? false, seen);
+  if ("finish_reason" in expect) assert.ok(expect.finish_reason.includes(log.turn.finishReason), seen);
+  if (expect.text) assert.ok(log.turn.text.trim(), seen);
+  if ("tool_calls" in expect) {
+    const calls = log.events.filter((e) => e.type === "ToolCall");
+    assert.deepEqual(calls.map((c) => c.name), expect.tool_calls.map((c: { name: string }) => c.name), seen);
+    calls.forEach((call, i) => {
+      for (const [key, value] of Object.entries(expect.tool_calls[i].args ?? {})) {
+        assert.deepEqual(call.args[key], value, seen);
+      }
+    });
+  }
+  if (expect.voiced) {
+    const end = deltas.findIndex((d) => d.finish_reason === "tool_call");
+    assert.ok(end >= 0 && deltas.slice(end + 1).map((d) => d.delta).join("").trim(), seen);
+  }
+  if ("cutoffs" in expect) {
+    assert.deepEqual(log.events.filter((e) => e.type === "Cutoff").map((c) => c.reason), expect.cutoffs, seen);
+  }
+  if ("errors" in expect) {
+    assert.deepEqual(log.events.filter((e) => e.type === "Error").map((e) => e.code), expect.errors, seen);
+  }
+}
+
+const scenarios: Scenario[] = readdirSync(DIR)
+  .filter((f) => f.endsWith(".json"))
+  .sort()
+  .map((f) => JSON.parse(readFileSync(join(DIR, f), "utf8")));
+
+test("the suite holds scenarios", () => {
+  assert.ok(scenarios.length >= 10, `only ${scenarios.length} scenarios in ${DIR}`);
+});
+
+for (const scenario of scenarios) {
+  test(`conformance: ${scenario.name}`, async () => {
+    assert.ok(URL, "set MYTHIC_URL to a running `mythic serve` (ws://host:port/v1/ws); see clients/conformance/README.md");
+    await new Player(URL, scenario.name).play(scenario.steps);
+  });
+}

@@ -1,0 +1,89 @@
+"""The TypeScript SDK (`clients/typescript`): its generated message types match the server's
+JSON Schema, it compiles, and its Node tests pass: the scripted-peer tests and the whole
+conformance suite against a real `mythic serve` on loopback (one server for all scenarios).
+
+Node and npm are the toolchain (`make setup` installs them as Debian packages when root):
+where they are missing these tests skip, and fail under CI=true.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, unavailable
+from tests.integration.test_conformance import CONFORMANCE, mythic_serve
+
+pytestmark = pytest.mark.integration
+
+PACKAGE = ROOT / "clients" / "typescript"
+GENERATED = PACKAGE / "src" / "generated"
+
+
+def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> str:
+    """Run a command in the package; its output, or a failure that shows it."""
+    result = subprocess.run(
+        args,
+        cwd=PACKAGE,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+    assert result.returncode == 0, (
+        f"{' '.join(args)}:\n{result.stdout[-8000:]}\n{result.stderr[-4000:]}"
+    )
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def npm() -> str:
+    """npm, with the package's locked dependencies installed (`npm ci`)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        unavailable("the TypeScript SDK needs Node 20+ and npm: sudo apt-get install nodejs npm")
+    assert npm is not None
+    major = int(_run("node", "--version").strip().lstrip("v").split(".")[0])
+    if major < 20:
+        unavailable(f"the TypeScript SDK needs Node 20 or newer, this is Node {major}")
+    _run(npm, "ci", "--no-audit", "--no-fund", "--loglevel=error")
+    return npm
+
+
+def test_the_generated_types_match_the_schema(npm: str, tmp_path: Path) -> None:
+    """Regenerating from `mythic schema export` gives the checked-in files, byte for byte: a
+    contract changed without `npm run generate` fails here."""
+    del npm
+    schema, out = tmp_path / "schema", tmp_path / "generated"
+    subprocess.run(
+        [sys.executable, "-m", "mythic", "schema", "export", "--out", str(schema)],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
+    _run("node", "scripts/generate.mjs", "--schema", str(schema), "--out", str(out))
+    checked_in = sorted(p.name for p in GENERATED.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == checked_in
+    _, drifted, missing = filecmp.cmpfiles(GENERATED, out, checked_in, shallow=False)
+    assert not drifted and not missing, (
+        f"{drifted + missing} differ from `mythic schema export`: in clients/typescript run "
+        "`mythic schema export --out /tmp/schema && node scripts/generate.mjs --schema /tmp/schema`"
+    )
+
+
+def test_the_sdk_builds_and_plays_the_conformance_suite(npm: str, tmp_path: Path) -> None:
+    _run(npm, "run", "build")
+    with mythic_serve(tmp_path) as url:
+        env = {"MYTHIC_URL": url, "MYTHIC_CONFORMANCE_DIR": str(CONFORMANCE / "scenarios")}
+        report = _run(npm, "test", env=env, timeout=900)
+    passed = set(re.findall(r"^ok \d+ - conformance: (\w+)$", report, re.MULTILINE))
+    assert passed == {p.stem for p in (CONFORMANCE / "scenarios").glob("*.json")}, report[-4000:]
+    assert "# fail 0" in report, report[-4000:]
