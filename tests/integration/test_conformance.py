@@ -50,7 +50,6 @@ SERVE_ENV = {
     "MYTHIC_ENGINE__DIALOGUE_MODEL": "smollm2-135m-instruct",
     "MYTHIC_CHAT__MAX_TOKENS": "40",
     "MYTHIC_CHAT__TEMPERATURE": "0",
-    "MYTHIC_DIALOGUE__TOOL_TIMEOUT_S": "10",
 }
 SERVE_ARGS = ("serve", "--world", str(EXAMPLE_WORLD), "--port", "0", "--no-voice")
 WAIT_S = 120.0
@@ -143,6 +142,7 @@ class Player:
         self.sessions: dict[str, str] = {}
         self.bare: dict[str, ClientConnection] = {}
         self.turns: dict[str, _TurnLog] = {}
+        self.tool_runs: dict[str, int] = {}
 
     async def play(self, steps: list[dict[str, Any]]) -> None:
         try:
@@ -178,7 +178,9 @@ class Player:
             tools: dict[str, dict[str, Any]] = step.get("tools", {})
 
             async def game(call: ToolCall) -> ToolResult:
+                self.tool_runs[call.turn_id] = self.tool_runs.get(call.turn_id, 0) + 1
                 answer = tools.get(call.name, {"status": "rejected"})
+                await asyncio.sleep(answer.get("delay_s", 0))  # the game takes its time
                 return answer["status"], answer.get("result")
 
             client = MythicClient(self.url, tool_handler=game, backoff_s=0.05, timeout_s=WAIT_S)
@@ -325,6 +327,11 @@ class Player:
             assert [c.name for c in calls] == [c["name"] for c in expect["tool_calls"]], calls
             for call, wanted in zip(calls, expect["tool_calls"], strict=True):
                 assert call.args | wanted.get("args", {}) == call.args, call
+        if "distinct_calls" in expect:
+            ids = {e.call_id for e in log.events if isinstance(e, ToolCall)}
+            assert len(ids) == expect["distinct_calls"], log.events
+        if "tool_runs" in expect:
+            assert self.tool_runs.get(log.turn.turn_id, 0) == expect["tool_runs"], self.tool_runs
         if expect.get("voiced"):
             ends = [i for i, d in enumerate(deltas) if d.finish_reason == "tool_call"]
             assert ends and "".join(d.delta for d in deltas[ends[0] + 1 :]).strip(), deltas
@@ -354,6 +361,7 @@ def test_the_suite_has_every_scenario_of_issue_35() -> None:
         "session_errors",
         "refused_by_the_client",
         "dropped_connection_mid_turn",
+        "tool_call_sent_again",
     }
 
 

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
@@ -48,6 +49,8 @@ ToolHandler = Callable[[ToolCall], Awaitable["ToolResult"]]
 
 ToolResult = tuple[Literal["ok", "error", "rejected"], dict[str, Any] | None]
 TurnEvent = LLMStreamDelta | ToolCall | Cutoff | Error
+_ToolAnswer = tuple[Literal["ok", "error", "rejected"], dict[str, Any] | None, str | None]
+_TOOL_ANSWERS = 256
 
 
 class ClientError(MythicError):
@@ -250,7 +253,8 @@ class MythicClient:
 
     The client reconnects by itself and resumes its session (the NPCs keep their history);
     turns in flight when the connection drops end with `ConnectionLostError`. With a
-    `tool_handler` it answers every `ToolCall` with an `Ack`; without one, call `ack`.
+    `tool_handler` it answers every `ToolCall` with an `Ack`, running the handler once per
+    `call_id` (a call sent again is acknowledged `duplicate`); without one, call `ack`.
     Messages that belong to no turn (NPC states, pushed intents, errors) go to `events`.
 
     With `voice`, the session talks by voice: `talk` streams a line of microphone audio to
@@ -296,6 +300,8 @@ class MythicClient:
         self._connected = asyncio.Event()
         self._welcome: asyncio.Future[Welcome] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._tool_answers: OrderedDict[str, asyncio.Future[_ToolAnswer]] = OrderedDict()
+        """The tool handler's answer by call_id, the last `_TOOL_ANSWERS` calls."""
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -643,10 +649,28 @@ class MythicClient:
         return True
 
     async def _handle_tool(self, call: ToolCall) -> None:
+        """Run the tool handler once per call_id. A call the server sends again (the game's
+        Ack was late or lost) is acknowledged `duplicate` with the first answer: the game
+        does not act twice."""
         assert self.tool_handler is not None
-        try:
-            status, result = await self.tool_handler(call)
-        except MythicError as exc:
-            await self.ack(call, "error", message=str(exc)[:400])
+        answered = self._tool_answers.get(call.call_id)
+        if answered is not None:
+            async with asyncio.timeout(self.timeout_s):
+                _, result, message = await asyncio.shield(answered)
+            await self.ack(call, "duplicate", result, message)
             return
-        await self.ack(call, status, result)
+        answer: asyncio.Future[_ToolAnswer] = asyncio.get_running_loop().create_future()
+        self._tool_answers[call.call_id] = answer
+        while len(self._tool_answers) > _TOOL_ANSWERS:
+            self._tool_answers.popitem(last=False)
+        try:
+            try:
+                status, result = await self.tool_handler(call)
+                answer.set_result((status, result, None))
+            except MythicError as exc:
+                answer.set_result(("error", None, str(exc)[:400]))
+        finally:
+            if not answer.done():
+                answer.cancel()  # the handler failed otherwise: a repeat of the call waits no more
+        status, result, message = answer.result()
+        await self.ack(call, status, result, message)
