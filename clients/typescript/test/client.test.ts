@@ -42,7 +42,7 @@ async function withPeer(
     });
   });
   const { port } = server.address() as AddressInfo;
-  const client = new MythicClient(`ws://127.0.0.1:${port}/v1/ws`, { WebSocket: WebSocket as never, timeoutMs: 2000, ...options });
+  const client = new MythicClient(`ws://127.0.0.1:${port}/v1/ws`, { WebSocket, timeoutMs: 2000, ...options });
   try {
     await client.connect();
     await run(client, received);
@@ -149,7 +149,7 @@ test("a server Error on SessionStart is a ServerError from connect", async () =>
     ),
   );
   const { port } = server.address() as AddressInfo;
-  const client = new MythicClient(`ws://127.0.0.1:${port}/v1/ws`, { WebSocket: WebSocket as never, timeoutMs: 2000 });
+  const client = new MythicClient(`ws://127.0.0.1:${port}/v1/ws`, { WebSocket, timeoutMs: 2000 });
   await assert.rejects(client.connect(), (error: unknown) => {
     assert.ok(error instanceof ServerError);
     assert.equal(error.code, "too_many_sessions");

@@ -95,6 +95,7 @@ class Player {
   private readonly sessions = new Map<string, string>();
   private readonly bare = new Map<string, Bare>();
   private readonly turns = new Map<string, TurnLog>();
+  private readonly toolRuns = new Map<string, number>();
 
   constructor(
     private readonly url: string,
@@ -147,10 +148,15 @@ class Player {
   async connect(step: Step, who: string): Promise<void> {
     let client = this.clients.get(who);
     if (client === undefined) {
-      const tools: Record<string, ToolResult> = step.tools ?? {};
+      const tools: Record<string, ToolResult & { delay_s?: number }> = step.tools ?? {};
       client = new MythicClient(this.url, {
-        WebSocket: WebSocket as never,
-        toolHandler: (call) => tools[call.name] ?? { status: "rejected" },
+        WebSocket,
+        toolHandler: async (call) => {
+          this.toolRuns.set(call.turn_id, (this.toolRuns.get(call.turn_id) ?? 0) + 1);
+          const answer = tools[call.name] ?? { status: "rejected" };
+          await new Promise((r) => setTimeout(r, (answer.delay_s ?? 0) * 1000)); // the game takes its time
+          return answer;
+        },
         backoffMs: 50,
         timeoutMs: WAIT_MS,
       });
@@ -269,11 +275,11 @@ class Player {
   async read(step: Step): Promise<void> {
     const log = this.turns.get(step.turn)!;
     await log.read(step.until);
-    if (step.until === "end") checkTurn(log, step.expect ?? {});
+    if (step.until === "end") checkTurn(log, step.expect ?? {}, this.toolRuns.get(step.turn) ?? 0);
   }
 }
 
-function checkTurn(log: TurnLog, expect: Record<string, any>): void {
+function checkTurn(log: TurnLog, expect: Record<string, any>, toolRuns: number): void {
   const seen = JSON.stringify(log.events).slice(0, 2000);
   const deltas = log.events.filter((e) => e.type === "LLMStreamDelta");
   assert.deepEqual(deltas.map((d) => d.seq), [...deltas.keys()], "seq has gaps");
@@ -289,6 +295,11 @@ function checkTurn(log: TurnLog, expect: Record<string, any>): void {
       }
     });
   }
+  if ("distinct_calls" in expect) {
+    const ids = new Set(log.events.filter((e) => e.type === "ToolCall").map((c) => c.call_id));
+    assert.equal(ids.size, expect.distinct_calls, seen);
+  }
+  if ("tool_runs" in expect) assert.equal(toolRuns, expect.tool_runs, seen);
   if (expect.voiced) {
     const end = deltas.findIndex((d) => d.finish_reason === "tool_call");
     assert.ok(end >= 0 && deltas.slice(end + 1).map((d) => d.delta).join("").trim(), seen);
