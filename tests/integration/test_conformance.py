@@ -94,10 +94,25 @@ def mythic_serve(log_dir: Path, ready_timeout_s: float = 180) -> Iterator[str]:
             proc.stdout.close()
 
 
-@pytest.fixture(scope="module")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with mythic_serve(tmp_path_factory.mktemp("conformance")) as url:
-        yield url
+_SERVER = pytest.StashKey[str]()
+
+
+def conformance_server(request: pytest.FixtureRequest) -> str:
+    """The suite's server, one for every SDK's player in a test run (a server start is a good
+    part of a player's time): the first session-scoped fixture to ask starts it, and it stops
+    when that fixture is torn down, at the end of the run."""
+    stash = request.config.stash
+    if _SERVER not in stash:
+        tmp: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+        stack = contextlib.ExitStack()
+        stash[_SERVER] = stack.enter_context(mythic_serve(tmp.mktemp("conformance")))
+        request.addfinalizer(stack.close)
+    return stash[_SERVER]
+
+
+@pytest.fixture(scope="session")
+def server_url(request: pytest.FixtureRequest) -> str:
+    return conformance_server(request)
 
 
 class ScenarioFailedError(AssertionError):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, unavailable
-from tests.integration.test_conformance import CONFORMANCE, mythic_serve
+from tests.integration.test_conformance import CONFORMANCE, conformance_server
 
 pytestmark = pytest.mark.integration
 
@@ -82,11 +82,16 @@ def test_the_generated_types_match_the_schema(npm: str, tmp_path: Path) -> None:
     )
 
 
-def test_the_sdk_builds_and_plays_the_conformance_suite(npm: str, tmp_path: Path) -> None:
-    _run(npm, "run", "build")
-    with mythic_serve(tmp_path) as url:
-        env = {"MYTHIC_URL": url, "MYTHIC_CONFORMANCE_DIR": str(CONFORMANCE / "scenarios")}
-        report = _run(npm, "test", env=env, timeout=900)
+@pytest.fixture(scope="session")
+def conformance_url(request: pytest.FixtureRequest) -> str:
+    """The server the Python player meets too, when both run (`test_conformance.py`)."""
+    return conformance_server(request)
+
+
+def test_the_sdk_builds_and_plays_the_conformance_suite(npm: str, conformance_url: str) -> None:
+    """`npm test` compiles the package (`dist/`, as published) and its tests, then runs them."""
+    env = {"MYTHIC_URL": conformance_url, "MYTHIC_CONFORMANCE_DIR": str(CONFORMANCE / "scenarios")}
+    report = _run(npm, "test", env=env, timeout=900)
     passed = set(re.findall(r"^ok \d+ - conformance: (\w+)$", report, re.MULTILINE))
     assert passed == {p.stem for p in (CONFORMANCE / "scenarios").glob("*.json")}, report[-4000:]
     assert "# fail 0" in report, report[-4000:]
