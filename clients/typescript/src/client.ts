@@ -86,6 +86,7 @@ export interface ClientOptions {
 }
 
 const OPEN = 1;
+const CLOSED = 3;
 const REMEMBERED_CALLS = 256;
 
 /** A queue with bounded waits: what a turn or the client's event stream hands out. */
@@ -319,7 +320,7 @@ export class MythicClient {
 
   private async closeSocket(): Promise<void> {
     const ws = this.ws;
-    if (ws === null) return;
+    if (ws === null || ws.readyState === CLOSED) return; // closed already: no close event comes
     const closed = new Promise<void>((resolve) => {
       const previous = ws.onclose;
       ws.onclose = (event: unknown) => {
