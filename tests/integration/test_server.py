@@ -800,7 +800,9 @@ async def test_a_line_prepared_while_the_player_speaks_starts_from_its_kv(
         cold = await evaluated(lambda: say("cold"))
         knowledge = gateway.cast.knowledge
         assert knowledge is not None
-        whole = knowledge.context("marla", Query(line, None), scene=actor.scene.state()).lore
+        move = actor._classified(line)  # the turn's lore is retrieved with the line's intent
+        intent = move.intent if move is not None else None
+        whole = knowledge.context("marla", Query(line, intent), scene=actor.scene.state()).lore
     assert whole is not None
     for fact in whole.splitlines()[1:]:  # every line the whole line retrieves was told
         assert fact in told, fact
