@@ -1,0 +1,443 @@
+using System;
+using System.Collections.Generic;
+using System.IO;
+using System.Linq;
+using System.Net.WebSockets;
+using System.Text;
+using System.Threading;
+using System.Threading.Tasks;
+using Newtonsoft.Json.Linq;
+using NUnit.Framework;
+
+namespace Mythic.Client.Tests
+{
+    /// <summary>The conformance suite (clients/conformance/scenarios) played through this SDK's
+    /// public API against a real <c>mythic serve</c>: MYTHIC_URL is its WebSocket URL,
+    /// MYTHIC_CONFORMANCE_DIR the scenarios (tests/integration/test_sdk_csharp.py sets both).</summary>
+    [TestFixture]
+    public class ConformanceTests
+    {
+        internal static readonly TimeSpan WaitS = TimeSpan.FromSeconds(120);
+
+        internal static string Url => Environment.GetEnvironmentVariable("MYTHIC_URL");
+
+        public static IEnumerable<string> Scenarios()
+        {
+            var dir = Environment.GetEnvironmentVariable("MYTHIC_CONFORMANCE_DIR") ?? "../../conformance/scenarios";
+            return Directory.Exists(dir) ? Directory.GetFiles(dir, "*.json").OrderBy(f => f, StringComparer.Ordinal) : Enumerable.Empty<string>();
+        }
+
+        [Test]
+        public void The_suite_holds_scenarios()
+        {
+            Assert.GreaterOrEqual(Scenarios().Count(), 10, "set MYTHIC_CONFORMANCE_DIR to clients/conformance/scenarios");
+        }
+
+        [TestCaseSource("Scenarios")]
+        public async Task Conformance(string path)
+        {
+            if (Url == null)
+                Assert.Ignore("set MYTHIC_URL to a running `mythic serve` (see clients/conformance/README.md)");
+            var scenario = JObject.Parse(File.ReadAllText(path));
+            Assert.AreEqual(Path.GetFileNameWithoutExtension(path), (string)scenario["name"], "a scenario is named after its file");
+            await new Player(Url, (string)scenario["name"]).PlayAsync((JArray)scenario["steps"]);
+        }
+    }
+
+    /// <summary>One turn of a scenario: its SDK turn, the events read so far, how it ended.</summary>
+    internal sealed class TurnLog
+    {
+        internal TurnLog(Turn turn)
+        {
+            Turn = turn;
+        }
+
+        internal Turn Turn { get; }
+
+        internal List<ITurnEvent> Events { get; } = new List<ITurnEvent>();
+
+        internal bool Lost { get; private set; }
+
+        internal async Task ReadAsync(string until)
+        {
+            while (!Turn.Over)
+            {
+                ITurnEvent e;
+                try
+                {
+                    e = await Turn.NextAsync();
+                }
+                catch (ConnectionLostException)
+                {
+                    Lost = true;
+                    return;
+                }
+                if (e == null)
+                    return;
+                Events.Add(e);
+                var delta = e as LlmStreamDelta;
+                if (until == "text" && delta != null && !string.IsNullOrEmpty(delta.Delta))
+                    return;
+            }
+        }
+    }
+
+    /// <summary>Plays one scenario through <see cref="MythicClient"/>, step by step.</summary>
+    internal sealed class Player
+    {
+        private readonly string _url;
+        private readonly string _name;
+        private readonly Dictionary<string, MythicClient> _clients = new Dictionary<string, MythicClient>();
+        private readonly Dictionary<string, string> _sessions = new Dictionary<string, string>();
+        private readonly Dictionary<string, ClientWebSocket> _bare = new Dictionary<string, ClientWebSocket>();
+        private readonly Dictionary<string, TurnLog> _turns = new Dictionary<string, TurnLog>();
+        private readonly Dictionary<string, int> _toolRuns = new Dictionary<string, int>();
+
+        internal Player(string url, string name)
+        {
+            _url = url;
+            _name = name;
+        }
+
+        internal async Task PlayAsync(JArray steps)
+        {
+            try
+            {
+                for (var n = 0; n < steps.Count; n++)
+                {
+                    var step = (JObject)steps[n];
+                    var who = (string)step["client"] ?? "main";
+                    var bound = step["timeout_s"] != null ? TimeSpan.FromSeconds((double)step["timeout_s"]) : ConformanceTests.WaitS;
+                    try
+                    {
+                        await MythicClient.Bounded(StepAsync((string)step["do"], step, who), bound, "end of the step");
+                    }
+                    catch (Exception e) when (e is AssertionException || e is MythicException)
+                    {
+                        throw new AssertionException(_name + " step " + n + " " + step.ToString(Newtonsoft.Json.Formatting.None) + ": " + e.Message, e);
+                    }
+                }
+            }
+            finally
+            {
+                foreach (var client in _clients.Values)
+                    await client.CloseAsync();
+                foreach (var ws in _bare.Values)
+                    ws.Abort();
+            }
+        }
+
+        private Task StepAsync(string action, JObject step, string who)
+        {
+            switch (action)
+            {
+                case "connect": return ConnectAsync(step, who);
+                case "disconnect": return Client(who).DisconnectAsync();
+                case "drop": return DropAsync(who);
+                case "wait_resumed": return WaitResumedAsync(step, who);
+                case "close": return CloseAsync(who);
+                case "open_bare": return OpenBareAsync(who);
+                case "say": return SayAsync(step, who);
+                case "read": return ReadAsync(step);
+                case "cutoff": return _turns[(string)step["turn"]].Turn.CutoffAsync();
+                case "scene": return SceneAsync(step, who);
+                case "intent": return IntentAsync(step, who);
+                case "ack": return AckAsync(step, who);
+                case "send": return SendAsync(step, who);
+                case "send_raw": return SendRawAsync(step, who);
+                case "expect_error": return ExpectErrorAsync(step, who);
+                default: throw new AssertionException("unknown step " + action);
+            }
+        }
+
+        private MythicClient Client(string who)
+        {
+            MythicClient client;
+            Assert.IsTrue(_clients.TryGetValue(who, out client), "no client " + who);
+            return client;
+        }
+
+        private JToken Fill(JToken value, string who)
+        {
+            MythicClient client;
+            var session = _clients.TryGetValue(who, out client) ? client.SessionId : "";
+            return Filled(value.DeepClone(), session);
+        }
+
+        /// <summary>The <c>$session_id</c> placeholder, replaced by the client's session id.</summary>
+        private static JToken Filled(JToken token, string session)
+        {
+            if (token.Type == JTokenType.String)
+                return new JValue(((string)token).Replace("$session_id", session));
+            var container = token as JContainer;
+            if (container != null)
+            {
+                foreach (var child in container.Children().ToList())
+                {
+                    var property = child as JProperty;
+                    if (property != null)
+                        property.Value = Filled(property.Value, session);
+                    else
+                        child.Replace(Filled(child, session));
+                }
+            }
+            return token;
+        }
+
+        private void Run(string turnId)
+        {
+            lock (_toolRuns)
+                _toolRuns[turnId] = (_toolRuns.ContainsKey(turnId) ? _toolRuns[turnId] : 0) + 1;
+        }
+
+        // -- steps --------------------------------------------------------------------------------
+
+        private async Task ConnectAsync(JObject step, string who)
+        {
+            MythicClient client;
+            if (!_clients.TryGetValue(who, out client))
+            {
+                var tools = (JObject)step["tools"] ?? new JObject();
+                client = new MythicClient(_url, new MythicClientOptions
+                {
+                    ToolHandler = async call =>
+                    {
+                        Run(call.TurnId);
+                        var answer = (JObject)tools[call.Name];
+                        if (answer == null)
+                            return ToolResult.Rejected();
+                        await Task.Delay(TimeSpan.FromSeconds((double?)answer["delay_s"] ?? 0)); // the game takes its time
+                        var result = answer["result"] == null ? null : answer["result"].ToObject<Dictionary<string, object>>();
+                        return new ToolResult((string)answer["status"] == "ok" ? Status.Ok : Status.Error, result);
+                    },
+                    Backoff = TimeSpan.FromMilliseconds(50),
+                    Timeout = ConformanceTests.WaitS,
+                });
+                _clients[who] = client;
+            }
+            var welcome = await client.ConnectAsync();
+            var expect = (JObject)step["expect"] ?? new JObject();
+            if (expect["resumed"] != null)
+                Assert.AreEqual((bool)expect["resumed"], welcome.Resumed ?? false, "resumed");
+            if ((bool?)expect["same_session"] == true)
+                Assert.AreEqual(_sessions[who], welcome.SessionId, "the same session");
+            _sessions[who] = welcome.SessionId;
+        }
+
+        private Task DropAsync(string who)
+        {
+            Client(who).Socket.Abort(); // the network drops: no close handshake
+            return Task.FromResult(0);
+        }
+
+        private async Task WaitResumedAsync(JObject step, string who)
+        {
+            var client = Client(who);
+            var resumes = (int)step["expect"]["resumes"];
+            while (client.Resumes < resumes || !client.IsConnected)
+                await Task.Delay(10);
+            Assert.AreEqual(resumes, client.Resumes);
+            if ((bool?)step["expect"]["same_session"] == true)
+                Assert.AreEqual(_sessions[who], client.SessionId);
+        }
+
+        private async Task CloseAsync(string who)
+        {
+            ClientWebSocket ws;
+            if (_bare.TryGetValue(who, out ws))
+            {
+                _bare.Remove(who);
+                ws.Abort();
+                return;
+            }
+            await Client(who).CloseAsync();
+            _clients.Remove(who);
+        }
+
+        private async Task OpenBareAsync(string who)
+        {
+            var ws = new ClientWebSocket();
+            await ws.ConnectAsync(new Uri(_url), CancellationToken.None);
+            _bare[who] = ws;
+        }
+
+        private async Task SayAsync(JObject step, string who)
+        {
+            var turn = await Client(who).SayAsync((string)step["npc"], (string)step["text"], (string)step["turn"]);
+            _turns[(string)step["turn"]] = new TurnLog(turn);
+        }
+
+        private Task SceneAsync(JObject step, string who)
+        {
+            var objects = step["objects"] == null ? null : ((JObject)step["objects"]).Properties().ToDictionary(p => p.Name, p => (double)p.Value);
+            return Client(who).SceneAsync((string)step["npc"], (string)step["zone"], (string)step["time"], objects);
+        }
+
+        private async Task IntentAsync(JObject step, string who)
+        {
+            var update = await Client(who).IntentAsync((string)step["npc"], (string)step["context"], (bool?)step["with_bark"] ?? false, (string)step["request_id"]);
+            var expect = (JObject)step["expect"] ?? new JObject();
+            Assert.AreEqual((string)step["npc"], update.NpcId);
+            if (expect["request_id"] != null)
+                Assert.AreEqual((string)expect["request_id"], update.RequestId);
+            if ((bool?)expect["bark"] == true)
+            {
+                var words = (update.Bark ?? "").Split((char[])null, StringSplitOptions.RemoveEmptyEntries).Length;
+                Assert.That(words >= 1 && words <= 8, "bark " + update.Bark);
+            }
+            if (expect["target_in"] != null)
+                CollectionAssert.Contains(expect["target_in"].Select(t => (string)t).ToList(), update.Target, "target");
+        }
+
+        private Task AckAsync(JObject step, string who)
+        {
+            var status = (Status)Enum.Parse(typeof(Status), (string)step["status"], true);
+            if (step["call"] != null)
+            {
+                var calls = _turns[(string)step["turn"]].Events.OfType<ToolCall>().ToList();
+                var call = calls[(int)step["call"]];
+                return Client(who).AckAsync(call.TurnId, call.CallId, status);
+            }
+            return Client(who).AckAsync((string)step["turn"], (string)step["call_id"], status);
+        }
+
+        private async Task SendAsync(JObject step, string who)
+        {
+            var message = (JObject)Fill(step["message"], who);
+            if ((bool?)step["refused_locally"] == true)
+            {
+                try
+                {
+                    await Client(who).SendAsync(message);
+                }
+                catch (ValidationException)
+                {
+                    return;
+                }
+                Assert.Fail("the SDK sent a message that breaks the schema: " + message);
+            }
+            await Client(who).SendAsync(message);
+        }
+
+        private async Task SendRawAsync(JObject step, string who)
+        {
+            byte[] frame;
+            var text = step["text"] != null;
+            if (text)
+            {
+                var one = (string)Fill(step["text"], who);
+                frame = Encoding.UTF8.GetBytes(string.Concat(Enumerable.Repeat(one, (int?)step["repeat"] ?? 1)));
+            }
+            else if (step["binary_base64"] != null)
+            {
+                frame = Convert.FromBase64String((string)step["binary_base64"]);
+            }
+            else
+            {
+                var audio = step["audio_frame"];
+                frame = Protocol.EncodeAudioFrame((JObject)Fill(audio["header"], who), Convert.FromBase64String((string)audio["pcm_base64"]));
+            }
+            ClientWebSocket ws;
+            if (_bare.TryGetValue(who, out ws))
+                await ws.SendAsync(new ArraySegment<byte>(frame), text ? WebSocketMessageType.Text : WebSocketMessageType.Binary, true, CancellationToken.None);
+            else if (text)
+                await Client(who).SendRawAsync(Encoding.UTF8.GetString(frame));
+            else
+                await Client(who).SendRawAsync(frame);
+        }
+
+        private async Task ExpectErrorAsync(JObject step, string who)
+        {
+            Error error = null;
+            while (error == null)
+            {
+                ClientWebSocket ws;
+                object e = _bare.TryGetValue(who, out ws) ? await BareNextAsync(ws) : await Client(who).NextEventAsync(ConformanceTests.WaitS);
+                error = e as Error;
+            }
+            foreach (var wanted in ((JObject)step["expect"]).Properties())
+            {
+                var got = Protocol.ToJson(error)[wanted.Name];
+                Assert.AreEqual((string)wanted.Value, got == null ? null : (string)got, wanted.Name + " of " + Protocol.ToJson(error));
+            }
+        }
+
+        private static async Task<IServerMessage> BareNextAsync(ClientWebSocket ws)
+        {
+            var buffer = new byte[64 * 1024];
+            var frame = new MemoryStream();
+            WebSocketReceiveResult received;
+            do
+            {
+                received = await ws.ReceiveAsync(new ArraySegment<byte>(buffer), CancellationToken.None);
+                frame.Write(buffer, 0, received.Count);
+            }
+            while (!received.EndOfMessage);
+            return Protocol.ParseServerFrame(Encoding.UTF8.GetString(frame.ToArray()));
+        }
+
+        private async Task ReadAsync(JObject step)
+        {
+            var log = _turns[(string)step["turn"]];
+            var until = (string)step["until"];
+            await log.ReadAsync(until);
+            if (until == "end")
+                CheckTurn(log, (JObject)step["expect"] ?? new JObject());
+        }
+
+        private void CheckTurn(TurnLog log, JObject expect)
+        {
+            var seen = string.Join(" | ", log.Events.Select(e => Protocol.ToJson(e).ToString(Newtonsoft.Json.Formatting.None)));
+            if (seen.Length > 2000)
+                seen = seen.Substring(0, 2000);
+            var deltas = log.Events.OfType<LlmStreamDelta>().ToList();
+            CollectionAssert.AreEqual(Enumerable.Range(0, deltas.Count).Select(i => (long)i), deltas.Select(d => d.Seq), "seq has gaps: " + seen);
+            Assert.AreEqual((bool?)expect["lost"] ?? false, log.Lost, "lost: " + seen);
+            if (expect["finish_reason"] != null)
+            {
+                var reason = log.Turn.FinishReason == null ? null : Wire(log.Turn.FinishReason.Value);
+                CollectionAssert.Contains(expect["finish_reason"].Select(r => (string)r).ToList(), reason, "finish_reason: " + seen);
+            }
+            if ((bool?)expect["text"] == true)
+                Assert.IsNotEmpty(log.Turn.Text.Trim(), "text: " + seen);
+            var calls = log.Events.OfType<ToolCall>().ToList();
+            if (expect["tool_calls"] != null)
+            {
+                var wanted = (JArray)expect["tool_calls"];
+                CollectionAssert.AreEqual(wanted.Select(c => (string)c["name"]), calls.Select(c => c.Name), "tool_calls: " + seen);
+                for (var i = 0; i < calls.Count; i++)
+                {
+                    foreach (var arg in ((JObject)wanted[i]["args"] ?? new JObject()).Properties())
+                    {
+                        Assert.IsTrue(calls[i].Args.ContainsKey(arg.Name), "args: " + seen);
+                        Assert.IsTrue(JToken.DeepEquals(arg.Value, JToken.FromObject(calls[i].Args[arg.Name])), "args: " + seen);
+                    }
+                }
+            }
+            if (expect["distinct_calls"] != null)
+                Assert.AreEqual((int)expect["distinct_calls"], calls.Select(c => c.CallId).Distinct().Count(), "distinct_calls: " + seen);
+            if (expect["tool_runs"] != null)
+            {
+                int runs;
+                lock (_toolRuns)
+                    _toolRuns.TryGetValue(log.Turn.TurnId, out runs);
+                Assert.AreEqual((int)expect["tool_runs"], runs, "tool_runs: " + seen);
+            }
+            if ((bool?)expect["voiced"] == true)
+            {
+                var end = deltas.FindIndex(d => d.FinishReason == FinishReason.ToolCall);
+                Assert.That(end >= 0 && string.Concat(deltas.Skip(end + 1).Select(d => d.Delta)).Trim().Length > 0, "voiced: " + seen);
+            }
+            if (expect["cutoffs"] != null)
+                CollectionAssert.AreEqual(expect["cutoffs"].Select(c => (string)c), log.Events.OfType<Cutoff>().Select(c => c.Reason == null ? null : Wire(c.Reason.Value)), "cutoffs: " + seen);
+            if (expect["errors"] != null)
+                CollectionAssert.AreEqual(expect["errors"].Select(c => (string)c), log.Events.OfType<Error>().Select(e => e.Code), "errors: " + seen);
+        }
+
+        /// <summary>An enum's name on the wire (<c>FinishReason.ToolCall</c>: <c>tool_call</c>).</summary>
+        private static string Wire(Enum value)
+        {
+            return Protocol.WireName(value);
+        }
+    }
+}
