@@ -66,7 +66,7 @@ namespace Mythic.Client.Unity
 
         private void OnDestroy()
         {
-            if (connection != null && connection.Client != null)
+            if (_playback != null && connection != null && connection.Client != null)
             {
                 connection.Client.Speech -= _playback.Add;
                 connection.Client.CutoffReceived -= OnCutoff;
