@@ -1,0 +1,424 @@
+# The conformance suite (clients/conformance/scenarios, format in its README) played through the
+# addon's public API against a real `mythic serve`. A player is a Node (it polls its bare
+# sockets); `play` returns "" when every step held, else which step failed and why.
+extends Node
+
+const MythicClient = preload("res://addons/mythic/mythic_client.gd")
+const MythicError = preload("res://addons/mythic/mythic_error.gd")
+const MythicSocket = preload("res://addons/mythic/mythic_socket.gd")
+const Protocol = preload("res://addons/mythic/mythic_protocol.gd")
+const Wait = preload("res://addons/mythic/mythic_wait.gd")
+
+# The bound on any one step (a reply on two shared cores included).
+const WAIT_S = 120.0
+
+var _url: String
+var _name: String
+var _protocol := Protocol.new()
+var _clients := {}
+var _games := {}
+var _sessions := {}
+var _bare := {}
+var _turns := {}
+
+
+# The game's side of the tool calls: the scenario's answers, and how often each turn's ran.
+class Game:
+	extends Reference
+	var tools := {}
+	var runs := {}
+
+	func run(call: Dictionary):
+		runs[call["turn_id"]] = runs.get(call["turn_id"], 0) + 1
+		var answer: Dictionary = tools.get(call["name"], {"status": "rejected"})
+		if answer.get("delay_s", 0) > 0:  # the game takes its time
+			yield(Wait.sleep(answer["delay_s"]), "completed")
+		return answer
+
+
+# One turn of a scenario: its MythicTurn, the events read so far, how it ended.
+class TurnLog:
+	extends Reference
+	var turn
+	var events := []
+	var lost := false
+	var over := false
+
+	func _init(of_turn) -> void:
+		turn = of_turn
+
+	func read(until: String):
+		yield(Engine.get_main_loop(), "idle_frame")
+		while not over:
+			var event = yield(turn.next_event(), "completed")
+			if event == null:
+				over = true
+			elif event is MythicError:
+				if event.kind != MythicError.CONNECTION_LOST:
+					return "the turn failed: %s" % event
+				lost = true
+				over = true
+			else:
+				events.append(event)
+				if until == "text" and event["type"] == "LLMStreamDelta" and event["delta"] != "":
+					return ""
+		return ""
+
+	func of_type(type: String) -> Array:
+		var found := []
+		for event in events:
+			if event["type"] == type:
+				found.append(event)
+		return found
+
+
+# A plain WebSocket, no client and no SessionStart: the frames it got, in order.
+class Bare:
+	extends Reference
+	var socket := MythicSocket.new()
+	var frames := []
+
+	func _init() -> void:
+		socket.connect("received", self, "_on_received")
+
+	func _on_received(data: PoolByteArray, _is_text: bool) -> void:
+		frames.append(data.get_string_from_utf8())
+
+	func has_frames() -> bool:
+		return not frames.empty()
+
+
+func _init(url: String, name: String) -> void:
+	_url = url
+	_name = name
+
+
+# The scenarios of a folder, by file name.
+static func scenarios(dir_path: String) -> Array:
+	var found := []
+	var dir := Directory.new()
+	if dir.open(dir_path) != OK:
+		return found
+	var names := []
+	dir.list_dir_begin(true, true)
+	var name := dir.get_next()
+	while name != "":
+		if name.ends_with(".json"):
+			names.append(name)
+		name = dir.get_next()
+	names.sort()
+	for file_name in names:
+		var file := File.new()
+		file.open(dir_path.plus_file(file_name), File.READ)
+		found.append(parse_json(file.get_as_text()))
+		file.close()
+	return found
+
+
+func _process(_delta: float) -> void:
+	for bare in _bare.values():
+		bare.socket.poll()
+
+
+# Coroutine: plays the steps in order; "" when all held, else the first failure.
+func play(steps: Array):
+	var failure := ""
+	for n in range(steps.size()):
+		var step: Dictionary = steps[n]
+		var who: String = step.get("client", "main")
+		var run = call("_" + step["do"], step, who)
+		var result = yield(
+			Wait.settle(run, step.get("timeout_s", WAIT_S), "end of the step"), "completed"
+		)
+		if result is MythicError:
+			result = str(result)
+		if result != "":
+			failure = "%s step %d %s: %s" % [_name, n, to_json(step).left(300), result]
+			break
+	for client in _clients.values():
+		yield(Wait.settle(client.close(), WAIT_S, "close"), "completed")
+		client.queue_free()
+	for bare in _bare.values():
+		bare.socket.abort()
+	return failure
+
+
+func _fill(value, who: String):
+	match typeof(value):
+		TYPE_STRING:
+			var id: String = _clients[who].session_id if _clients.has(who) else ""
+			return value.replace("$session_id", id)
+		TYPE_ARRAY:
+			var filled := []
+			for item in value:
+				filled.append(_fill(item, who))
+			return filled
+		TYPE_DICTIONARY:
+			var filled := {}
+			for key in value:
+				filled[key] = _fill(value[key], who)
+			return filled
+	return value
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+
+func _connect(step: Dictionary, who: String):
+	if not _clients.has(who):
+		var game := Game.new()
+		game.tools = step.get("tools", {})
+		var client := MythicClient.new()
+		client.url = _url
+		client.backoff_s = 0.05
+		client.timeout_s = WAIT_S
+		client.tool_handler = funcref(game, "run")
+		add_child(client)
+		_clients[who] = client
+		_games[who] = game
+	var welcome = yield(_clients[who].connect_to_server(), "completed")
+	if welcome is MythicError:
+		return "connect: %s" % welcome
+	var expect: Dictionary = step.get("expect", {})
+	if expect.has("resumed") and welcome.get("resumed", false) != expect["resumed"]:
+		return "Welcome.resumed is %s" % welcome.get("resumed", false)
+	if expect.get("same_session", false) and welcome["session_id"] != _sessions.get(who):
+		return "a new session %s, not %s" % [welcome["session_id"], _sessions.get(who)]
+	_sessions[who] = welcome["session_id"]
+	return ""
+
+
+func _disconnect(_step: Dictionary, who: String):
+	var closed = yield(_clients[who].disconnect_from_server(), "completed")
+	return "" if closed == null else str(closed)
+
+
+func _drop(_step: Dictionary, who: String):
+	_clients[who].get_socket().abort()  # no close handshake
+	return ""
+
+
+func _wait_resumed(step: Dictionary, who: String):
+	var expect: Dictionary = step["expect"]
+	var waited = yield(
+		Wait.until(self, "_resumed", WAIT_S, "resume", [who, expect["resumes"]]), "completed"
+	)
+	if waited is MythicError:
+		return str(waited)
+	var client = _clients[who]
+	if client.resumes != expect["resumes"]:
+		return "resumed %d times" % client.resumes
+	if expect.get("same_session", false) and client.session_id != _sessions[who]:
+		return "a new session %s" % client.session_id
+	return ""
+
+
+func _resumed(who: String, resumes: int) -> bool:
+	return _clients[who].resumes >= resumes and _clients[who].is_connected_to_server()
+
+
+func _close(_step: Dictionary, who: String):
+	if _bare.has(who):
+		_bare[who].socket.close()
+		_bare.erase(who)
+		return ""
+	var client = _clients[who]
+	_clients.erase(who)
+	var closed = yield(client.close(), "completed")
+	client.queue_free()
+	return "" if closed == null else str(closed)
+
+
+func _open_bare(_step: Dictionary, who: String):
+	var bare := Bare.new()
+	_bare[who] = bare
+	if bare.socket.open(_url) != OK:
+		return "cannot open %s" % _url
+	var opened = yield(Wait.until(bare.socket, "is_open", WAIT_S, "open"), "completed")
+	return "" if not opened is MythicError else str(opened)
+
+
+func _say(step: Dictionary, who: String):
+	var turn = _clients[who].say(step["npc"], step["text"], step["turn"])
+	_turns[step["turn"]] = TurnLog.new(turn)
+	return "" if turn.error == null else "say: %s" % turn.error
+
+
+func _cutoff(step: Dictionary, _who: String):
+	var refused = _turns[step["turn"]].turn.cut_off()
+	return "" if refused == null else str(refused)
+
+
+func _scene(step: Dictionary, who: String):
+	var refused = _clients[who].scene(
+		step["npc"], step.get("zone", ""), step.get("time", ""), step.get("objects")
+	)
+	return "" if refused == null else str(refused)
+
+
+func _intent(step: Dictionary, who: String):
+	var update = yield(
+		_clients[who].intent(
+			step["npc"],
+			step.get("context", ""),
+			step.get("with_bark", false),
+			step.get("request_id", "")
+		),
+		"completed"
+	)
+	if update is MythicError:
+		return str(update)
+	var expect: Dictionary = step.get("expect", {})
+	if update["npc_id"] != step["npc"]:
+		return "an intent of %s" % update["npc_id"]
+	if expect.has("request_id") and update.get("request_id") != expect["request_id"]:
+		return "request_id %s" % update.get("request_id")
+	if expect.get("bark", false):
+		var bark = update.get("bark")
+		var words := 0 if bark == null else Array(bark.split(" ", false)).size()
+		if words < 1 or words > 8:
+			return "bark %s" % to_json(bark)
+	if expect.has("target_in") and not update.get("target") in expect["target_in"]:
+		return "target %s" % to_json(update.get("target"))
+	return ""
+
+
+func _ack(step: Dictionary, who: String):
+	var call := {"turn_id": step["turn"], "call_id": step.get("call_id", "")}
+	if step.has("call"):
+		var calls: Array = _turns[step["turn"]].of_type("ToolCall")
+		if calls.size() <= step["call"]:
+			return "the turn has no ToolCall %d" % step["call"]
+		call = calls[step["call"]]
+	var refused = _clients[who].ack(call, step["status"])
+	return "" if refused == null else str(refused)
+
+
+func _send(step: Dictionary, who: String):
+	var refused = _clients[who].send(_fill(step["message"], who))
+	if step.get("refused_locally", false):
+		if not refused is MythicError or refused.kind != MythicError.VALIDATION:
+			return "not refused by the client: %s" % str(refused)
+		return ""
+	return "" if refused == null else str(refused)
+
+
+func _send_raw(step: Dictionary, who: String):
+	var frame
+	if step.has("text"):
+		var text: String = _fill(step["text"], who)
+		var repeated := PoolStringArray()
+		repeated.resize(int(step.get("repeat", 1)))
+		for i in range(repeated.size()):
+			repeated[i] = text
+		frame = repeated.join("")
+	elif step.has("binary_base64"):
+		frame = Marshalls.base64_to_raw(step["binary_base64"])
+	else:
+		var audio: Dictionary = step["audio_frame"]
+		frame = _protocol.encode_audio_frame(
+			_fill(audio["header"], who), Marshalls.base64_to_raw(audio["pcm_base64"])
+		)
+	if _bare.has(who):
+		var socket = _bare[who].socket
+		var sent: int = (
+			socket.send_text(frame)
+			if typeof(frame) == TYPE_STRING
+			else socket.send_binary(frame)
+		)
+		return "" if sent == OK else "not sent: error %d" % sent
+	var refused = _clients[who].send_raw(frame)
+	return "" if refused == null else str(refused)
+
+
+func _expect_error(step: Dictionary, who: String):
+	var error = null
+	while error == null:
+		var event
+		if _bare.has(who):
+			var bare: Bare = _bare[who]
+			var waited = yield(Wait.until(bare, "has_frames", WAIT_S, "frame"), "completed")
+			if waited is MythicError:
+				return str(waited)
+			event = _protocol.parse_server_frame(bare.frames.pop_front())
+		else:
+			event = yield(_clients[who].next_event(WAIT_S), "completed")
+			if event is MythicError and event.kind == MythicError.TIMEOUT:
+				return str(event)
+		if typeof(event) == TYPE_DICTIONARY and event["type"] == "Error":
+			error = event
+	for key in step["expect"]:
+		if not _same(error.get(key), step["expect"][key]):
+			return "%s of %s" % [key, to_json(error)]
+	return ""
+
+
+func _read(step: Dictionary, who: String):
+	var turn_log: TurnLog = _turns[step["turn"]]
+	var failed = yield(turn_log.read(step["until"]), "completed")
+	if failed != "":
+		return failed
+	if step["until"] != "end":
+		return ""
+	var why := _check_turn(turn_log, step.get("expect", {}), _games[who].runs.get(step["turn"], 0))
+	return "" if why == "" else "%s; events: %s" % [why, to_json(turn_log.events).left(2000)]
+
+
+# Equal values of one JSON type (GDScript refuses to compare a String with a number).
+static func _same(a, b) -> bool:
+	return to_json(a) == to_json(b)
+
+
+func _check_turn(turn_log: TurnLog, expect: Dictionary, tool_runs: int) -> String:
+	var deltas := turn_log.of_type("LLMStreamDelta")
+	for i in range(deltas.size()):
+		if deltas[i]["seq"] != i:
+			return "seq has gaps"
+	if turn_log.lost != expect.get("lost", false):
+		return "lost is %s" % turn_log.lost
+	if expect.has("finish_reason") and not turn_log.turn.finish_reason in expect["finish_reason"]:
+		return "finish_reason %s" % turn_log.turn.finish_reason
+	if expect.get("text", false) and turn_log.turn.text().strip_edges() == "":
+		return "no text"
+	var calls := turn_log.of_type("ToolCall")
+	if expect.has("tool_calls"):
+		if calls.size() != expect["tool_calls"].size():
+			return "%d tool calls" % calls.size()
+		for i in range(calls.size()):
+			var wanted: Dictionary = expect["tool_calls"][i]
+			if calls[i]["name"] != wanted["name"]:
+				return "tool call %d is %s" % [i, calls[i]["name"]]
+			var args: Dictionary = wanted.get("args", {})
+			for key in args:
+				if not _same(calls[i]["args"].get(key), args[key]):
+					return "tool call %d's %s" % [i, key]
+	if expect.has("distinct_calls"):
+		var ids := {}
+		for call in calls:
+			ids[call["call_id"]] = true
+		if ids.size() != expect["distinct_calls"]:
+			return "%d distinct calls" % ids.size()
+	if expect.has("tool_runs") and tool_runs != expect["tool_runs"]:
+		return "the tool handler ran %d times" % tool_runs
+	if expect.get("voiced", false):
+		var after := ""
+		var seen_end := false
+		for d in deltas:
+			if seen_end:
+				after += d["delta"]
+			seen_end = seen_end or d.get("finish_reason") == "tool_call"
+		if not seen_end or after.strip_edges() == "":
+			return "the tool's result was not voiced"
+	if expect.has("cutoffs"):
+		var reasons := []
+		for cutoff in turn_log.of_type("Cutoff"):
+			reasons.append(cutoff.get("reason"))
+		if reasons != expect["cutoffs"]:
+			return "cutoffs %s" % to_json(reasons)
+	if expect.has("errors"):
+		var codes := []
+		for error in turn_log.of_type("Error"):
+			codes.append(error["code"])
+		if codes != expect["errors"]:
+			return "errors %s" % to_json(codes)
+	return ""
