@@ -200,7 +200,6 @@ class Player:
 
             client = MythicClient(self.url, tool_handler=game, backoff_s=0.05, timeout_s=WAIT_S)
             self.clients[who] = client
-        client.reconnect = True
         welcome = await client.connect()
         expect = step.get("expect", {})
         if "resumed" in expect:
@@ -211,11 +210,7 @@ class Player:
 
     async def _disconnect(self, step: dict[str, Any], who: str) -> None:
         del step
-        client = self.clients[who]
-        client.reconnect = False
-        await client._ws.close()
-        assert client._reader is not None
-        await client._reader
+        await self.clients[who].disconnect()
 
     async def _drop(self, step: dict[str, Any], who: str) -> None:
         del step

@@ -63,7 +63,9 @@ class ClientError(MythicError):
 
 
 class ConnectionLostError(ClientError):
-    """The connection dropped while a turn was in flight; the session is being resumed."""
+    """The connection is gone: it dropped while a turn was in flight (the client resumes the
+    session unless it is closed), or the client is closed (`disconnect`, `aclose`, or it gave
+    up reconnecting) and sends nothing until `connect` opens it again."""
 
     retryable = True
 
@@ -251,8 +253,11 @@ class MythicClient:
                 ...                           # LLMStreamDelta, ToolCall, Error, Cutoff
             print(turn.text)
 
-    The client reconnects by itself and resumes its session (the NPCs keep their history);
-    turns in flight when the connection drops end with `ConnectionLostError`. With a
+    The client reconnects by itself with backoff and resumes its session (the NPCs keep their
+    history); turns in flight when the connection drops end with `ConnectionLostError`. It
+    tries `max_reconnects` times within `max_reconnect_s`, then gives up: it is `closed`, and
+    what waited for the connection ends with `ConnectionLostError`. `disconnect` closes the
+    connection and keeps the session for `connect` to resume; `aclose` ends it. With a
     `tool_handler` it answers every `ToolCall` with an `Ack`, running the handler once per
     `call_id` (a call sent again is acknowledged `duplicate`); without one, call `ack`.
     Messages that belong to no turn (NPC states, pushed intents, errors) go to `events`.
@@ -271,6 +276,8 @@ class MythicClient:
         reconnect: bool = True,
         backoff_s: float = 0.1,
         max_backoff_s: float = 5.0,
+        max_reconnects: int = 10,
+        max_reconnect_s: float | None = 120.0,
         timeout_s: float = 30.0,
         max_frame_bytes: int = 4 * 1024 * 1024,
         max_events: int = 1024,
@@ -281,8 +288,17 @@ class MythicClient:
         self.player_id = player_id
         self.tool_handler = tool_handler
         self.reconnect = reconnect
+        """Reconnect and resume the session when the connection drops; without it a drop
+        closes the client."""
         self.backoff_s = backoff_s
+        """The first wait before reconnecting, doubled after each failed try up to
+        `max_backoff_s`."""
         self.max_backoff_s = max_backoff_s
+        self.max_reconnects = max_reconnects
+        """Tries to reconnect after a drop before the client gives up and is closed."""
+        self.max_reconnect_s = max_reconnect_s
+        """The bound on all the tries after one drop, waits included (None: only
+        `max_reconnects` and each try's `timeout_s` bound them)."""
         self.timeout_s = timeout_s
         self.max_frame_bytes = max_frame_bytes
         self.session_id = ""
@@ -298,31 +314,61 @@ class MythicClient:
         self._intents: dict[str, asyncio.Future[IntentUpdate]] = {}
         self._ws: Any = None
         self._connected = asyncio.Event()
+        """Set while a connection is open, and once the client is closed: its waiters wake and
+        find no connection is coming."""
         self._welcome: asyncio.Future[Welcome] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._tool_answers: OrderedDict[str, asyncio.Future[_ToolAnswer]] = OrderedDict()
         """The tool handler's answer by call_id, the last `_TOOL_ANSWERS` calls."""
         self._reader: asyncio.Task[None] | None = None
-        self._closing = False
+        self._stopped: str | None = None
+        """Why the client is closed; None while it is connected or reconnecting."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 
+    @property
+    def closed(self) -> bool:
+        """True once the client stopped: after `disconnect` or `aclose`, or when reconnecting
+        gave up. It sends nothing and does not reconnect until `connect` opens it again."""
+        return self._stopped is not None
+
     async def connect(self) -> Welcome:
-        """Connect and open (or resume) the session.
+        """Connect and open the session, or resume it (after `disconnect`, or after
+        reconnecting gave up: the NPCs keep their history while the server keeps the session).
 
         Raises:
-            ClientError: the server refused the session.
+            ClientError: the server refused the session (`unknown_session`: it expired).
             OSError, TimeoutError: the server cannot be reached.
         """
-        async with asyncio.timeout(self.timeout_s):
-            welcome = await self._open()
+        if self._reader is not None and not self._reader.done():
+            raise ClientError("the client is connected already")
+        self._stopped = None
+        self._connected.clear()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                welcome = await self._open()
+        except BaseException:
+            self._stop(f"cannot connect to {self.url}")
+            raise
         self._reader = asyncio.create_task(self._read_forever())
         return welcome
 
     async def _open(self) -> Welcome:
-        self._ws = await self._ws_client.connect(
+        self._ws = ws = await self._ws_client.connect(
             self.url, max_size=self.max_frame_bytes, open_timeout=self.timeout_s
         )
+        try:
+            message = await self._start_session(ws)
+        except BaseException:
+            ws.transport.abort()  # a half-open connection is not left behind
+            raise
+        self.session_id, self.resume_token = message.session_id, message.resume_token
+        if message.resumed:
+            self.resumes += 1
+        self._connected.set()
+        return message
+
+    async def _start_session(self, ws: Any) -> Welcome:
         resume = self.resume_token is not None
         start = SessionStart(
             player_id=self.player_id,
@@ -330,36 +376,57 @@ class MythicClient:
             resume_token=self.resume_token,
             voice=self.voice,
         )
-        await self._ws.send(dump_message(start))
+        await ws.send(dump_message(start))
         while True:
-            message = parse_server_message(await self._ws.recv())
+            message = parse_server_message(await ws.recv())
             if isinstance(message, Welcome):
-                break
+                return message
             if isinstance(message, Error):
-                await self._ws.close()
                 raise ClientError(f"{message.code}: {message.message}", error=message)
             self._route(message)
-        self.session_id, self.resume_token = message.session_id, message.resume_token
-        if message.resumed:
-            self.resumes += 1
-        self._connected.set()
-        return message
+
+    async def disconnect(self) -> None:
+        """Close the connection without ending the session: no `SessionEnd` is sent and the
+        client does not reconnect. The server keeps the session for its resume window, and
+        `connect` resumes it. Turns in flight end with `ConnectionLostError`."""
+        await self._shut("the client disconnected")
 
     async def aclose(self) -> None:
         """End the session and close the connection; owned tasks are cancelled and awaited."""
-        self._closing = True
-        if self._ws is not None and self._connected.is_set():
-            with contextlib.suppress(Exception):
+        if self._ws is not None and self._connected.is_set() and self._stopped is None:
+            with contextlib.suppress(*self._closed_errors()):
                 await self._ws.send(dump_message(SessionEnd(session_id=self.session_id)))
-        if self._ws is not None:
-            with contextlib.suppress(Exception):
-                await self._ws.close()
-        tasks = [t for t in (self._reader, *self._tasks) if t is not None]
+        await self._shut("the client is closed")
+        tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def _shut(self, why: str) -> None:
+        """Stop the client: the reader (and any reconnecting) first, so that no new
+        connection opens behind the close, then the connection."""
+        self._stop(why)
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._ws is not None:
+            with contextlib.suppress(TimeoutError, *self._closed_errors()):
+                async with asyncio.timeout(self.timeout_s):
+                    await self._ws.close()
+        self._lost()
+
+    def _stop(self, why: str) -> None:
+        """The client is closed. Waiters for the connection wake (none is coming) and raise
+        `ConnectionLostError`, as do intents waiting for their answer."""
+        if self._stopped is None:
+            self._stopped = why
+        self._connected.set()
+        for answer in self._intents.values():
+            if not answer.done():
+                answer.set_exception(ConnectionLostError(why))
 
     async def __aenter__(self) -> MythicClient:
         await self.connect()
@@ -371,15 +438,26 @@ class MythicClient:
     # -- sending ------------------------------------------------------------------------------
 
     async def send(self, message: ClientMessage) -> None:
-        """Send a message, waiting (up to `timeout_s`) while the client reconnects."""
+        """Send a message, waiting (up to `timeout_s`) while the client reconnects.
+
+        Raises:
+            ConnectionLostError: the client is closed, or the connection dropped and
+                `reconnect` is off.
+            TimeoutError: not connected again within `timeout_s`.
+        """
+        await self._send_frame(dump_message(message))
+
+    async def _send_frame(self, frame: str | bytes) -> None:
         async with asyncio.timeout(self.timeout_s):
             while True:
                 await self._connected.wait()
+                if self._stopped is not None:
+                    raise ConnectionLostError(self._stopped)
                 try:
-                    await self._ws.send(dump_message(message))
+                    await self._ws.send(frame)
                     return
                 except self._closed_errors() as exc:
-                    if not self.reconnect:
+                    if not self.reconnect or self._stopped is not None:
                         raise ConnectionLostError(f"connection closed: {exc}") from exc
                     self._connected.clear()
 
@@ -410,16 +488,7 @@ class MythicClient:
             turn_id=turn_id,
             end=end,
         )
-        async with asyncio.timeout(self.timeout_s):
-            while True:
-                await self._connected.wait()
-                try:
-                    await self._ws.send(dump_audio_frame(chunk))
-                    return
-                except self._closed_errors() as exc:
-                    if not self.reconnect:
-                        raise ConnectionLostError(f"connection closed: {exc}") from exc
-                    self._connected.clear()
+        await self._send_frame(dump_audio_frame(chunk))
 
     async def talk(
         self,
@@ -565,7 +634,6 @@ class MythicClient:
         return (closed, OSError)
 
     async def _read_forever(self) -> None:
-        backoff = self.backoff_s
         while True:
             try:
                 async for frame in self._ws:
@@ -580,32 +648,63 @@ class MythicClient:
                         log.warning("unreadable message from the server: %s", exc)
             except self._closed_errors():
                 pass
-            self._connected.clear()
             self._lost()
-            if self._closing or not self.reconnect:
+            if self._stopped is not None:
                 return
-            while True:
-                await asyncio.sleep(backoff)
-                try:
-                    async with asyncio.timeout(self.timeout_s):
-                        await self._open()
-                    backoff = self.backoff_s
-                    break
-                except ClientError as exc:
-                    if exc.error is not None and exc.error.code == "unknown_session":
-                        # The session expired: start a fresh one.
-                        self.resume_token = None
-                    else:
-                        raise
-                except TimeoutError:
+            if not self.reconnect:
+                self._stop(f"the connection to {self.url} closed")
+                return
+            self._connected.clear()
+            if not await self._resume():
+                return
+
+    async def _resume(self) -> bool:
+        """Reconnect and resume the session, with backoff, up to `max_reconnects` tries
+        within `max_reconnect_s`; True once resumed. When no try succeeds, or the server
+        refuses the session for good, the client stops (`closed`)."""
+        backoff, tries = self.backoff_s, 0
+        exceptions = require("websockets.exceptions", package="websockets", extra="client")
+        # InvalidHandshake: the server answered the upgrade with another status (a 503 while
+        # it starts).
+        retried: tuple[type[Exception], ...] = (
+            TimeoutError,
+            *self._closed_errors(),
+            exceptions.InvalidHandshake,
+        )
+        try:
+            async with asyncio.timeout(self.max_reconnect_s):
+                while tries < self.max_reconnects:
+                    tries += 1
+                    await asyncio.sleep(backoff)
+                    try:
+                        async with asyncio.timeout(self.timeout_s):
+                            await self._open()
+                        return True
+                    except ClientError as exc:
+                        if exc.error is not None and exc.error.code == "unknown_session":
+                            # The session expired: start a fresh one.
+                            self.resume_token = None
+                            continue
+                        if not exc.retryable:
+                            self._stop(f"the server refused to resume the session: {exc}")
+                            return False
+                    except retried as exc:
+                        log.info("reconnecting to %s failed: %r", self.url, exc)
                     backoff = min(self.max_backoff_s, backoff * 2)
-                except self._closed_errors():
-                    backoff = min(self.max_backoff_s, backoff * 2)
+        except TimeoutError:
+            pass
+        why = f"gave up reconnecting to {self.url} after {tries} tries"
+        log.warning("%s", why)
+        self._stop(why)
+        return False
 
     def _lost(self) -> None:
         for turn in list(self._turns.values()):
             turn._put(ConnectionLostError(f"connection lost during turn {turn.turn_id}"))
         self._turns.clear()
+        for answer in self._intents.values():
+            if not answer.done():
+                answer.set_exception(ConnectionLostError("connection lost"))
 
     def _route(self, message: ServerMessage) -> None:
         turn_id = getattr(message, "turn_id", None)
@@ -657,7 +756,7 @@ class MythicClient:
         if answered is not None:
             async with asyncio.timeout(self.timeout_s):
                 _, result, message = await asyncio.shield(answered)
-            await self.ack(call, "duplicate", result, message)
+            await self._ack_answered(call, "duplicate", result, message)
             return
         answer: asyncio.Future[_ToolAnswer] = asyncio.get_running_loop().create_future()
         self._tool_answers[call.call_id] = answer
@@ -673,4 +772,18 @@ class MythicClient:
             if not answer.done():
                 answer.cancel()  # the handler failed otherwise: a repeat of the call waits no more
         status, result, message = answer.result()
-        await self.ack(call, status, result, message)
+        await self._ack_answered(call, status, result, message)
+
+    async def _ack_answered(
+        self,
+        call: ToolCall,
+        status: Literal["ok", "error", "rejected", "duplicate"],
+        result: dict[str, Any] | None,
+        message: str | None,
+    ) -> None:
+        """Send the tool handler's Ack. The handler runs in a task of its own, with nobody to
+        raise to: an Ack the connection cannot carry (the client is closed) is logged."""
+        try:
+            await self.ack(call, status, result, message)
+        except (ConnectionLostError, TimeoutError) as exc:
+            log.warning("the Ack of tool call %s was not sent: %s", call.call_id, exc)
