@@ -154,11 +154,13 @@ func test_what_breaks_the_schema_is_refused_before_sending():
 	_expect(nobody.error is MythicError and nobody.error.ref == "PlayerUtterance.npc_id", "npc_id")
 	var silent = _client.send_audio("marla", PoolByteArray([0, 0]))
 	_expect(silent is MythicError and silent.code == "no_voice", str(silent))
-	yield(Wait.sleep(0.2), "completed")
+	# A valid message after them: once it is in, whatever had been sent before is in too.
+	_expect(_client.scene("marla", "old_town") == null, "a valid SceneUpdate was refused")
+	yield(Wait.until(self, "_peer_has", 5.0, "SceneUpdate", ["SceneUpdate"]), "completed")
 	var types := []
 	for message in _peer.received:
 		types.append(message.get("type"))
-	_expect(types == ["SessionStart"], "the peer received %s" % to_json(types))
+	_expect(types == ["SessionStart", "SceneUpdate"], "the peer received %s" % to_json(types))
 	return yield(_finish(), "completed")
 
 
@@ -214,6 +216,10 @@ func _peer_has_binary() -> bool:
 		if message.has("binary"):
 			return true
 	return false
+
+
+func _peer_has(type: String) -> bool:
+	return not _peer.of_type(type).empty()
 
 
 func _on_tts_chunk(chunk: Dictionary) -> void:
