@@ -9,6 +9,7 @@ where they are missing these tests skip, and fail under CI=true.
 from __future__ import annotations
 
 import filecmp
+import json
 import os
 import re
 import shutil
@@ -47,6 +48,16 @@ def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 300) ->
     return result.stdout
 
 
+def _export_schema(out: Path) -> None:
+    """The server's JSON Schema, as `mythic schema export --out` writes it."""
+    subprocess.run(
+        [sys.executable, "-m", "mythic", "schema", "export", "--out", str(out)],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
+
+
 @pytest.fixture(scope="module")
 def npm() -> str:
     """npm, with the package's locked dependencies installed (`npm ci`)."""
@@ -66,12 +77,7 @@ def test_the_generated_types_match_the_schema(npm: str, tmp_path: Path) -> None:
     contract changed without `npm run generate` fails here."""
     del npm
     schema, out = tmp_path / "schema", tmp_path / "generated"
-    subprocess.run(
-        [sys.executable, "-m", "mythic", "schema", "export", "--out", str(schema)],
-        check=True,
-        capture_output=True,
-        cwd=ROOT,
-    )
+    _export_schema(schema)
     _run("node", "scripts/generate.mjs", "--schema", str(schema), "--out", str(out))
     checked_in = sorted(p.name for p in GENERATED.iterdir())
     assert sorted(p.name for p in out.iterdir()) == checked_in
@@ -79,6 +85,51 @@ def test_the_generated_types_match_the_schema(npm: str, tmp_path: Path) -> None:
     assert not drifted and not missing, (
         f"{drifted + missing} differ from `mythic schema export`: in clients/typescript run "
         "`mythic schema export --out /tmp/schema && node scripts/generate.mjs --schema /tmp/schema`"
+    )
+
+
+def test_a_message_added_to_the_schema_is_a_message_of_the_sdk(npm: str, tmp_path: Path) -> None:
+    """`ClientMessage` and `ServerMessage` come from the generated types and schemas: a server
+    message added to the schema is a `ServerMessage` once regenerated, and not a
+    `ClientMessage`, with no list in the SDK's code to edit (the package compiles with it)."""
+    del npm
+    schema, package = tmp_path / "schema", tmp_path / "package"
+    _export_schema(schema)
+    for name in ("mythic-v1.schema.json", "mythic-v1-server.schema.json"):
+        doc = json.loads((schema / name).read_text())
+        emote = json.loads(json.dumps(doc["$defs"]["NPCState"]).replace("NPCState", "Emote"))
+        doc["$defs"]["Emote"] = emote
+        doc["oneOf"].append({"$ref": "#/$defs/Emote"})
+        doc["discriminator"]["mapping"]["Emote"] = "#/$defs/Emote"
+        (schema / name).write_text(json.dumps(doc))
+    shutil.copytree(PACKAGE / "src", package / "src", ignore=shutil.ignore_patterns("generated"))
+    shutil.copy(PACKAGE / "tsconfig.json", package)
+    (package / "node_modules").symlink_to(PACKAGE / "node_modules")
+    _run(
+        "node",
+        "scripts/generate.mjs",
+        "--schema",
+        str(schema),
+        "--out",
+        str(package / "src" / "generated"),
+    )
+    (package / "src" / "emote.ts").write_text(
+        textwrap.dedent("""\
+            import type { ClientMessage, ServerMessage } from "./index.js";
+            const emote = {
+              schema_version: "v1", type: "Emote", npc_id: "marla", state: "idle",
+            } as const;
+            export const heard: ServerMessage = emote;
+            // @ts-expect-error a message of the server is not one a client sends
+            export const sent: ClientMessage = emote;
+        """)
+    )
+    _run(
+        "node",
+        str(PACKAGE / "node_modules" / "typescript" / "bin" / "tsc"),
+        "-p",
+        str(package),
+        "--noEmit",
     )
 
 

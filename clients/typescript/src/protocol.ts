@@ -4,56 +4,23 @@ import { Ajv2020 } from "ajv/dist/2020.js";
 import type { ValidateFunction } from "ajv/dist/2020.js";
 
 import { ProtocolError, ValidationError } from "./errors.js";
-import type {
-  Ack,
-  AudioChunk,
-  Cutoff,
-  Error as ErrorMessage,
-  IntentRequest,
-  PlayerUtterance,
-  SceneUpdate,
-  SessionEnd,
-  SessionStart,
-  TTSChunk,
-  ASRFinal,
-  ASRPartial,
-  IntentUpdate,
-  LLMStreamDelta,
-  NPCState,
-  ToolCall,
-  Welcome,
-} from "./generated/messages.js";
+import type { MythicMessage, TTSChunk } from "./generated/messages.js";
 import { clientSchema, serverSchema } from "./generated/schemas.js";
 
 /** The protocol version this client speaks. */
 export const SCHEMA_VERSION = "v1";
 
+/** The messages of the generated types that `schema`'s discriminator names: what one side sends. */
+type SentBy<Schema extends { discriminator: { mapping: object } }> = Extract<
+  MythicMessage,
+  { type: keyof Schema["discriminator"]["mapping"] }
+>;
+
 /** A message a game client sends. */
-export type ClientMessage =
-  | SessionStart
-  | SessionEnd
-  | AudioChunk
-  | PlayerUtterance
-  | SceneUpdate
-  | IntentRequest
-  | Cutoff
-  | Ack
-  | ErrorMessage;
+export type ClientMessage = SentBy<typeof clientSchema>;
 
 /** A message the server sends. */
-export type ServerMessage =
-  | Welcome
-  | SessionEnd
-  | ASRPartial
-  | ASRFinal
-  | LLMStreamDelta
-  | TTSChunk
-  | ToolCall
-  | IntentUpdate
-  | NPCState
-  | Cutoff
-  | Ack
-  | ErrorMessage;
+export type ServerMessage = SentBy<typeof serverSchema>;
 
 /** A client message as a game writes it: `schema_version` may be left out. */
 export type Outgoing<M extends ClientMessage = ClientMessage> = M extends ClientMessage
