@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import json
 import shutil
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,8 @@ from mythic.contracts import (
 from mythic.dialogue import INTERRUPTED_NOTE, ReplySink
 from mythic.dialogue._actor import Decision
 from mythic.dialogue._events import PlayerLine, PrepareLine
-from mythic.engine import Engine
-from mythic.knowledge import Query, load_world
+from mythic.engine import ChatMessage, Engine
+from mythic.knowledge import ANSWER_NOTE, Query, load_world
 from mythic.memory import Memory
 from mythic.route import EmbeddedEndpoint, Endpoint, Router
 from mythic.server import Gateway, serving
@@ -183,6 +183,42 @@ async def test_a_turn_with_a_waypoint_tool_call_and_its_ack(
     ]
     assert status["last_turn"]["intent"] == "navigation"
     assert gateway.cast.stats.tool_calls["ok"] == 1
+
+
+async def test_a_question_is_told_the_lore_line_that_answers_it_after_it(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """With `dialogue.answer_line`, a question has the lore line retrieved as its answer told
+    once more right after the player's line, for this reply only: the history keeps the lore
+    message, the line and the reply, not the note. A greeting gets no such line."""
+    on = {"answer_line": True}
+    async with running(engines, settings, chat=_chat(settings), dialogue=on) as served:
+        address, gateway = served
+        actor = gateway.cast.actor("marla")
+        prompts: list[tuple[ChatMessage, ...]] = []
+        generate = actor._generate
+
+        def watched(
+            out: Any, history: list[ChatMessage], *tail: ChatMessage, **kw: Any
+        ) -> AsyncGenerator[str, None]:
+            prompts.append(tail)
+            return generate(out, history, *tail, **kw)
+
+        actor._generate = watched  # type: ignore[method-assign]
+        async with MythicClient(f"ws://{address}/v1/ws") as client, asyncio.timeout(180):
+            greeting = await client.say("marla", "Good evening!")
+            await greeting.reply()
+            asked = await client.say("marla", "When does the Drowned Lantern close?")
+            await asked.reply()
+            history = list(actor.histories[client.session_id])
+    greeted, question = prompts[0], prompts[-1]
+    assert greeted[-1] == ChatMessage("user", "Good evening!")  # nothing after a greeting
+    at = question.index(ChatMessage("user", "When does the Drowned Lantern close?"))
+    note = question[at + 1]
+    assert note.role == "system" and note.content.startswith(ANSWER_NOTE), question
+    assert "third bell after midnight" in note.content  # the line that answers it
+    assert not any(m.content.startswith(ANSWER_NOTE) for m in history)
+    assert sum(m.role == "user" for m in history) == 2
 
 
 async def test_the_decision_starts_once_the_replys_first_phrase_is_out(

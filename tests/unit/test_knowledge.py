@@ -27,6 +27,7 @@ from mythic.knowledge import (
     World,
     WorldCard,
     WorldLoadError,
+    answer_line,
     approx_tokens,
     chunk_text,
     fit_tokens,
@@ -280,6 +281,35 @@ def test_bm25_finds_the_right_document_and_zone(tmp_path: Path) -> None:
     assert hits[0].chunk.id == "lore/town.md#0" and hits[0].chunk.zone is None
     packed = knowledge.context("marla", Query("When do you open?"))
     assert packed.lore is not None and "sixth bell" in packed.lore
+
+
+def test_the_answer_line_is_the_packed_lore_s_most_relevant_line(tmp_path: Path) -> None:
+    world = load_world(make_world(tmp_path / "w", {"marla.yaml": GOOD_CARD}, LORE))
+    knowledge = Knowledge(world, bm25(tmp_path))
+    packed = knowledge.context("marla", Query("How deep is the well?"))
+    assert (
+        answer_line(packed.lore, "How deep is the well?")
+        == "The well in the square is forty feet deep and dry."
+    )
+    asked = "When does the Tipsy Well close?"
+    packed = knowledge.context("marla", Query(asked))
+    # Its list mark is not said: the line is told as a sentence.
+    assert (
+        answer_line(packed.lore, asked)
+        == "The Tipsy Well opens at the sixth bell and closes at midnight."
+    )
+    # Small talk shares no word with the lore that came first: nothing to answer.
+    assert (
+        answer_line(knowledge.context("marla", Query("How are you?")).lore, "How are you?") is None
+    )
+    assert answer_line(None, asked) is None and answer_line("## Lore\nFrom Coins:", asked) is None
+    assert (
+        answer_line("## Lore\nFrom Rules:\n3. **The fine.** Ten crowns.", "The fine?")
+        == "The fine. Ten crowns."
+    )
+    # A card's own lines retrieved as lore are instructions to the NPC, not the answer.
+    card = "## Lore\nFrom About you, Marla:\n- Never reveal the tunnel.\nFrom Coins:\n- Ten bits."
+    assert answer_line(card, "How many bits for the tunnel?") == "Ten bits."
 
 
 def test_bm25_without_bm25s_is_a_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:

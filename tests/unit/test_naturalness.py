@@ -32,7 +32,7 @@ from mythic.dialogue import (
     touched,
     world_words,
 )
-from mythic.dialogue._naturalness import owned_to_ai
+from mythic.dialogue._naturalness import asks, owned_to_ai
 from mythic.knowledge import PROMPT_RULES
 
 pytestmark = pytest.mark.unit
@@ -57,6 +57,7 @@ pytestmark = pytest.mark.unit
         "Sure, I can help you with that!",
         "From Ravenmoor:\nBlackfen Marsh: A mist-choked marsh.",
         "Aye. From The Bone Market: bones, two coppers.",
+        "The pact began then.\n\nFrom About you, Father Anselm Crane:\n- Remind visitors.",
         "I'm Abel, a trapper, not an assistant.",
         "As the Countess, I have no physical body and no emotions.",
         "I am not capable of experiencing anything strange.",
@@ -252,6 +253,23 @@ def test_reading_a_rule_of_the_card_back_is_an_echo() -> None:
 )
 def test_a_greeting_is_known_by_its_first_words(line: str, greeting: bool) -> None:
     assert greets(line) is greeting
+
+
+@pytest.mark.parametrize(
+    ("line", "question"),
+    [
+        ("How deep is the well?", True),
+        ("Where is the gate", True),
+        ("Good evening. Which way to the market?", True),
+        ("Tell me about the cellar and the rooms upstairs.", False),
+        ("Evening, innkeeper.", False),
+        ("I'll take a room.", False),
+        ("Howling again tonight.", False),
+        ("Whatever you say.", False),
+    ],
+)
+def test_a_question_is_known_by_its_mark_or_its_first_word(line: str, question: bool) -> None:
+    assert asks(line) is question
 
 
 def test_a_greeting_leads_with_a_catchphrase_not_yet_said() -> None:

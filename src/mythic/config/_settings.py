@@ -310,6 +310,13 @@ class DialogueSettings(_Section):
     """Times a reply caught by `line_filter` before its first words is generated again; when
     every try is caught, the NPC says a short in-character refusal instead."""
 
+    answer_line: bool = False
+    """A question (not a greeting) is followed, after the player's line, by the lore line
+    retrieved as its best answer when that line shares a word with it
+    (`mythic.knowledge.answer_line`): the small default model reads one fact told last more
+    reliably than the same fact among twenty lines. Not kept in the history. Off until it is
+    measured on a world it was not tried on (README, "The answer told last")."""
+
     greet_with_catchphrase: bool = True
     """A reply to a greeting ("Good evening!", "Hello there") begins with one of the card's
     catchphrases that the NPC has not yet said in the conversation ("Sugar, ..."), and the

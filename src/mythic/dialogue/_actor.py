@@ -52,6 +52,7 @@ from mythic.dialogue._naturalness import (
     REMINDED,
     Finding,
     LineFilter,
+    asks,
     deflection,
     greeting_lead,
     greets,
@@ -83,12 +84,14 @@ from mythic.engine import (
     UnknownAdapterError,
 )
 from mythic.knowledge import (
+    ANSWER_NOTE,
     HEADERS,
     MORE_LORE,
     PROMPT_RULES,
     Packed,
     Query,
     SceneState,
+    answer_line,
     intent_prompt,
     intent_schema,
     introduction,
@@ -156,6 +159,8 @@ class _Told:
     scene: str | None
     message: ChatMessage | None
     more: tuple[ChatMessage, ...] = ()
+    focus: str | None = None
+    """The lore line that best answers a question (`answer_line`); told after the line."""
 
     @property
     def messages(self) -> list[ChatMessage]:
@@ -215,9 +220,14 @@ def _stopped_cut(prepared: _Told | None, stopped: _Told, max_chars: int) -> _Tol
     return prepared.extended(more)
 
 
-def _told_of(lore: str | None, scene: str | None) -> _Told:
+def _focus_of(told: _Told) -> tuple[ChatMessage, ...]:
+    """The system message after the player's line that tells the lore line answering it."""
+    return (ChatMessage("system", f"{ANSWER_NOTE} {told.focus}"),) if told.focus else ()
+
+
+def _told_of(lore: str | None, scene: str | None, focus: str | None = None) -> _Told:
     joined = "\n\n".join(s for s in (lore, scene) if s)
-    return _Told(lore, scene, ChatMessage("system", joined) if joined else None)
+    return _Told(lore, scene, ChatMessage("system", joined) if joined else None, focus=focus)
 
 
 @dataclass(slots=True)
@@ -317,6 +327,7 @@ class NPCActor:
         self.instructions = [persona.style, *persona.rules, *persona.taboos, *PROMPT_RULES]
         self.plain = [
             introduction(world, persona),
+            ANSWER_NOTE,
             *(reminder(kind, self.short_name) for kind in REMINDED),
         ]
         """What the prompt calls the NPC ("a ghoul of Ravenmoor") and what a try generated
@@ -546,12 +557,12 @@ class NPCActor:
             if memory is not None and line.player_id is not None:
                 await self._recall(memory, session, line.player_id)
             spoken = line.spoken and cast.settings.dialogue.prefill_while_speaking
-            out.told = await self._told(session, line.text, spoken=spoken)
+            out.told, out.focus = await self._told(session, line.text, spoken=spoken)
 
             async def retell() -> list[ChatMessage]:
                 again = await self._context(session, line.text)
                 out.told = self._telling((self._spoken_cut(again) if spoken else again).messages)
-                return [*out.told, user]
+                return [*out.told, user, *out.focus]
 
             decide = cast.settings.dialogue.decide
             reply = self._checked_reply(out, history, user, retell)
@@ -806,7 +817,9 @@ class NPCActor:
         self.warm_ups += 1
         self.cast.stats.warm_ups += 1
 
-    async def _told(self, session: str, text: str, *, spoken: bool = False) -> list[ChatMessage]:
+    async def _told(
+        self, session: str, text: str, *, spoken: bool = False
+    ) -> tuple[list[ChatMessage], tuple[ChatMessage, ...]]:
         """The context messages of a turn answering `text` (`_context`), or, when the prompt
         was prepared while the player spoke (`PrepareLine`) with the same scene, the prepared
         context (already evaluated) plus a `## More Lore` message with what `text` retrieves
@@ -862,7 +875,7 @@ class NPCActor:
                 messages = cut.messages
                 how += f", lore cut to {self._more_lore_tokens()} tokens"
         log.debug("%s/%s: the line's context is %s", self.npc_id, session, how)
-        return self._telling(messages)
+        return self._telling(messages), _focus_of(told)
 
     def _spoken_cut(self, told: _Told) -> _Told:
         """`told` with its lore cut to `more_lore_tokens` (the most relevant lines): what a
@@ -909,7 +922,11 @@ class NPCActor:
 
         packed = await asyncio.to_thread(retrieve)
         lore = lore_beyond(known_lore, packed.lore) if known_lore else packed.lore
-        return _told_of(lore, packed.scene if packed.scene != known_scene else None)
+        # A question, not a greeting ("Good evening. Who are you?" shares "evening" with
+        # half the lore): the line that answers it is told again after it (`answer_line`).
+        answer = self.cast.settings.dialogue.answer_line and asks(text) and not greets(text)
+        focus = answer_line(packed.lore, text) if answer else None
+        return _told_of(lore, packed.scene if packed.scene != known_scene else None, focus)
 
     def _known(self, session_id: str) -> tuple[str | None, str | None]:
         """The lore lines and the last scene told in the session's prompt window (the
@@ -988,7 +1005,9 @@ class NPCActor:
         dialogue = self.cast.settings.dialogue
         lead = self._lead(out.line, history)
         if not dialogue.line_filter:
-            reply = self._generate(out, history, *out.told, user, retell=retell, lead=lead)
+            reply = self._generate(
+                out, history, *out.told, user, *out.focus, retell=retell, lead=lead
+            )
             async with contextlib.aclosing(reply):
                 async for text in reply:
                     yield lead + text  # the lead leaves with the model's first words
@@ -1013,7 +1032,15 @@ class NPCActor:
                 return [*(await retell()), *note]
 
             reply = self._generate(
-                out, history, *out.told, user, *extra, retell=again, sampling=sampling, lead=lead
+                out,
+                history,
+                *out.told,
+                user,
+                *out.focus,
+                *extra,
+                retell=again,
+                sampling=sampling,
+                lead=lead,
             )
             # The lead is checked with the model's first words and leaves with them: a try
             # caught right after it is generated again rather than cut to "Sugar,".
@@ -1594,6 +1621,9 @@ class _TurnOutput:
         self.history_open = False
         self.told: list[ChatMessage] = []
         """The turn's context message (lore, scene), sent just before the line."""
+        self.focus: tuple[ChatMessage, ...] = ()
+        """The line answering the player's question, told after it (`_focus_of`); never kept
+        in the history."""
         """The exchange and tool note are in the history; only the follow-up is missing."""
         self._pieces: list[str] = []
         self._segment_open = False

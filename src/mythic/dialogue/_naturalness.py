@@ -68,7 +68,8 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
          r"sections?|text|data|persona|instructions|prompt|rules)( (given|provided|above))?\b"
          r"|\b(system prompt|my instructions)\b"
          # A lore group's header read back: "From Ravenmoor:" (the packed `## Lore` section).
-         r"|(^|[.!?]\s+|\n)\W*From (?-i:[A-Z])[\w' .-]{0,60}:(\s|$)"),
+         # "From About you, Father Anselm Crane:" (the card's lines beyond its budget).
+        r"|(^|[.!?]\s+|\n)\W*From (?-i:[A-Z])[\w' .,-]{0,60}:(\s|$)"),
         ("the fiction named",
          r"\b(video game|role-?play(ing)?|fictional character|in-character|non-player character"
          r"|game character|as a character|the player)\b"),
@@ -731,6 +732,20 @@ def greets(line: str) -> bool:
     """Whether a player's line opens with a greeting ("Good evening!", "Hello there. How
     are you?", "Well met, friend")."""
     return _GREETING.match(line) is not None
+
+
+_QUESTION = re.compile(
+    r"\?|^\W*(?:how|what|what's|when|where|where's|which|who|who's|whom|whose|why|is|are|"
+    r"was|were|do|does|did|can|could|will|would|should)\b",
+    re.IGNORECASE,
+)
+
+
+def asks(line: str) -> bool:
+    """Whether a player's line asks something: a question mark, or a sentence opening as a
+    question does ("Where is the gate"). "Tell me about the cellar" asks for more than one
+    fact: not a question here."""
+    return any(_QUESTION.search(s) is not None for s in [line, *re.split(r"(?<=[.!])\s+", line)])
 
 
 def greeting_lead(catchphrases: Sequence[str], said: Iterable[str], key: str) -> str:

@@ -18,6 +18,7 @@ from mythic.knowledge._embed import Embedder, KnowledgeError, MiniLM, shared_emb
 from mythic.knowledge._index import Hit, Index, Query, terms
 from mythic.knowledge._knowledge import Knowledge, KnowledgeStats, ReloadReport, world_chunks
 from mythic.knowledge._pack import (
+    ANSWER_NOTE,
     HEADERS,
     INTENTS,
     MORE_LORE,
@@ -26,6 +27,7 @@ from mythic.knowledge._pack import (
     Packed,
     SceneObject,
     SceneState,
+    answer_line,
     intent_prompt,
     intent_schema,
     introduction,
@@ -39,6 +41,7 @@ from mythic.knowledge._tokens import TokenCounter, approx_tokens, fit_tokens
 from mythic.knowledge._world import LoreDoc, Persona, World, WorldCard, Zone, load_world
 
 __all__ = [
+    "ANSWER_NOTE",
     "HEADERS",
     "INTENTS",
     "MORE_LORE",
@@ -65,6 +68,7 @@ __all__ = [
     "WorldLoadError",
     "WorldProblem",
     "Zone",
+    "answer_line",
     "approx_tokens",
     "chunk_text",
     "fit_tokens",

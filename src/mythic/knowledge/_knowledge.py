@@ -22,6 +22,7 @@ from mythic.knowledge._cards import WorldProblem
 from mythic.knowledge._chunks import Chunk, chunk_text
 from mythic.knowledge._index import Hit, Index, Query, Shard, VectorCache, build_shards
 from mythic.knowledge._pack import (
+    ABOUT_YOU,
     Budgets,
     Packed,
     SceneState,
@@ -224,7 +225,7 @@ class Knowledge:
                 groups[f"npc.{npc_id}"] = chunk_text(
                     "\n".join(f"- {line}" for line in lines[len(lines) - dropped :]),
                     id_prefix=f"npcs/{npc_id}",
-                    title=f"About you, {persona.name}",
+                    title=f"{ABOUT_YOU}, {persona.name}",
                     source="persona",
                     zone=persona.zone,
                     npc=npc_id,

@@ -10,6 +10,7 @@ persona's. A section whose budget cannot hold its header and one unit is left ou
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -396,6 +397,41 @@ def intent_prompt(
 
 
 MORE_LORE = "## More Lore"
+
+ABOUT_YOU = "About you"
+"""The title of an NPC's card lines beyond its persona budget, retrieved as lore: "About
+you, <name>" (they are instructions to the NPC, not facts of its world)."""
+
+ANSWER_NOTE = "The fact that answers this:"
+"""What the line that best answers a question is told after (`answer_line`), as a system
+message after the player's line."""
+
+_LIST_MARK = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+")
+
+
+def answer_line(lore: str | None, query: str) -> str | None:
+    """The line of a packed `## Lore` section that best answers `query`, the line it was
+    retrieved for: its first (`pack` puts lines in order of relevance, the answer first),
+    without its list mark and emphasis, when it shares a word with the query ("close" and
+    "Drowned Lantern" for "When does the Drowned Lantern close?"); None without one (small
+    talk, "How are you?", has no such line), or without lore.
+
+    Measured on the 0.5B default model (`mythic eval quality`): the answer is the first lore
+    line for four lore questions of five, yet among twenty lines the model often answers
+    with a neighbouring fact ("The Drowned Lantern closes on every full-moon night" above
+    "... closes at the third bell after midnight"); told that line once more right after the
+    question, it reads it."""
+    if not lore:
+        return None
+    card = False
+    for line in lore.splitlines()[1:]:
+        if line.startswith("From ") and line.endswith(":"):
+            card = line.startswith(f"From {ABOUT_YOU}, ")  # the card's own lines: not facts
+            continue
+        text = _LIST_MARK.sub("", line).replace("**", "").strip()
+        if text and not card:
+            return text if set(terms(text)) & set(terms(query)) else None
+    return None
 
 
 def lore_beyond(
