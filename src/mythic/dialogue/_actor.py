@@ -159,8 +159,9 @@ class _Told:
     scene: str | None
     message: ChatMessage | None
     more: tuple[ChatMessage, ...] = ()
-    focus: str | None = None
-    """The lore line that best answers a question (`answer_line`); told after the line."""
+    focus: str | None = field(default=None, compare=False)
+    """The lore line that best answers a question (`answer_line`); told after the line, not
+    part of the context a prepared prompt is compared with."""
 
     @property
     def messages(self) -> list[ChatMessage]:
