@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mythic._errors import MythicError
+from mythic.cli._console import err, out
 from mythic.cli._quality import (
     MADE_BY,
     YES,
@@ -38,9 +39,7 @@ from mythic.cli._quality import (
     Templates,
     build_plan,
     code_version,
-    err,
     load_quality_world,
-    out,
     public_texts,
     run_quality,
     scorecard,
