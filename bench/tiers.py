@@ -41,8 +41,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _results import fmt, latency, ratio, write_results  # noqa: E402
 from mythic.config import load_settings  # noqa: E402
 from mythic.engine import ChatMessage, GenerationRequest, Priority, Sampling  # noqa: E402
+from mythic.jobs import JobQueue, JobWorker  # noqa: E402
 from mythic.knowledge import load_world  # noqa: E402
-from mythic.route import JobQueue, JobWorker, Router, open_router  # noqa: E402
+from mythic.route import Router, open_router  # noqa: E402
 
 INTENT_SCHEMA = {
     "type": "object",

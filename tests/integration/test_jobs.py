@@ -21,14 +21,9 @@ import yaml
 
 from mythic.config import JobSettings, MythicSettings
 from mythic.engine import Engine
+from mythic.jobs import Artifact, ArtifactFollower, JobQueue, JobWorker
 from mythic.knowledge import Knowledge, load_world
-from mythic.route import (
-    Artifact,
-    ArtifactFollower,
-    JobQueue,
-    JobWorker,
-    local_router,
-)
+from mythic.route import local_router
 from mythic.server import Gateway, serving
 from tests.conftest import EXAMPLE_WORLD
 from tests.integration.services import fresh_schema

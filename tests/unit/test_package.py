@@ -32,10 +32,25 @@ PUBLIC = [
     "mythic.speech",
     "mythic.training",
     "mythic.archetypes",
+    "mythic.jobs",
 ]
 
 # ARCHITECTURE.md: imports point down only. Each package may import the ones listed.
 BASE = {"_errors", "_extras", "config", "contracts", "obs"}
+# What the server and the CLI stand on: every layer under the edges.
+UNDER_EDGES = BASE | {
+    "engine",
+    "knowledge",
+    "memory",
+    "speech",
+    "training",
+    "route",
+    "jobs",
+    "archetypes",
+    "capacity",
+    "dialogue",
+    "voice",
+}
 ALLOWED: dict[str, set[str]] = {
     "config": {"_errors"},
     "contracts": {"_errors"},
@@ -48,26 +63,35 @@ ALLOWED: dict[str, set[str]] = {
     "training": BASE | {"engine", "knowledge"},
     "route": BASE | {"engine", "knowledge", "memory"},
     "archetypes": BASE | {"engine", "knowledge", "memory", "training"},
+    # The planner is arithmetic on a model's shape: it needs nothing but the base.
+    "capacity": BASE,
+    # The bronze queue stands on the stores (see QUEUE below); its workers run a job through
+    # the router, so the package sits just above `route`, and nothing under it imports jobs.
+    "jobs": BASE | {"engine", "knowledge", "memory", "route"},
     "dialogue": BASE | {"engine", "knowledge", "memory", "route", "archetypes"},
-    "server": BASE
-    | {"engine", "knowledge", "memory", "speech", "training", "route", "archetypes", "dialogue"},
+    # Speech wraps a dialogue turn: voice drives the cast's NPCs, and never the server.
+    "voice": BASE | {"engine", "knowledge", "memory", "speech", "route", "archetypes", "dialogue"},
+    "server": UNDER_EDGES,
     # A game vendors the client without the server: it may import only the wire contracts.
     "client": {"_errors", "_extras", "contracts"},
     "control": {"_errors", "contracts"},
-    "cli": BASE
-    | {
-        "engine",
-        "knowledge",
-        "memory",
-        "speech",
-        "training",
-        "route",
-        "archetypes",
-        "dialogue",
-        "server",
-        "client",
-        "control",
-    },
+    "cli": UNDER_EDGES | {"server", "client", "control"},
+}
+# ARCHITECTURE.md: "The bronze queue itself imports nothing above it"; only its workers use the
+# router.
+QUEUE = ("jobs/_queue.py", BASE | {"memory"})
+# Import cycles being undone elsewhere in issue 34, each cut at the edge its fix removes.
+# Remove an entry with that fix: the cycle test then guards the new shape.
+KNOWN_CYCLE_EDGES = {
+    # Issue 34 item 1: the actor receives its collaborators from Cast and never imports it.
+    ("mythic.dialogue._actor", "mythic.dialogue._cast"),
+    # Issue 34 item 2: the Gateway's metrics and socket handlers type against the app module.
+    ("mythic.server._metrics", "mythic.server._app"),
+    ("mythic.server._socket", "mythic.server._app"),
+    # Issue 34 item 3: `cli/__init__.py` only assembles commands; commands take `out` and
+    # `_guard` from it today.
+    ("mythic.cli._archetypes", "mythic.cli"),
+    ("mythic.cli._plan", "mythic.cli"),
 }
 HEAVY = [
     "llama_cpp",
@@ -87,7 +111,7 @@ def test_import_loads_no_model_and_no_heavy_library() -> None:
     code = (
         "import sys, mythic, mythic.config, mythic.engine, mythic.knowledge, "
         "mythic.memory, mythic.route, mythic.dialogue, mythic.speech, mythic.training, "
-        "mythic.archetypes, mythic.cli\n"
+        "mythic.archetypes, mythic.jobs, mythic.cli\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])"
     )
     result = subprocess.run(
@@ -129,9 +153,117 @@ def test_imports_point_down_the_layers(package: str) -> None:
         assert not wrong, f"{file.relative_to(SRC)} imports {sorted(wrong)} (layering)"
 
 
+def test_the_bronze_queue_imports_nothing_above_it() -> None:
+    path, allowed = QUEUE
+    wrong = _imports(SRC / path) - allowed - {"jobs"}
+    assert not wrong, f"{path} imports {sorted(wrong)}: only the workers stand above route"
+
+
 def test_every_package_is_placed_in_a_layer() -> None:
     packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").exists()}
     assert packages <= set(ALLOWED) | BASE
+
+
+class ImportGraph:
+    """Which module of `mythic` imports which: every `import` and `from` statement in a file,
+    lazy ones inside functions and `TYPE_CHECKING` ones included. A name taken from a module
+    that re-exports it (a package's `__init__`) counts as an import of the module defining it.
+    """
+
+    def __init__(self, root: Path) -> None:
+        paths = {self._name(root, path): path for path in root.rglob("*.py")}
+        self.trees = {name: ast.parse(path.read_text()) for name, path in paths.items()}
+        self.packages = {name for name, path in paths.items() if path.name == "__init__.py"}
+        self.edges = {name: self._imports(name) for name in self.trees}
+
+    @staticmethod
+    def _name(root: Path, path: Path) -> str:
+        parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    def _absolute(self, module: str, node: ast.ImportFrom) -> str:
+        if node.level == 0:
+            return node.module or ""
+        parts = module.split(".")
+        package = parts if module in self.packages else parts[:-1]
+        base = package[: len(package) - node.level + 1]
+        return ".".join([*base, node.module] if node.module else base)
+
+    def _defining(self, module: str, name: str, seen: frozenset[str] = frozenset()) -> str:
+        if f"{module}.{name}" in self.trees:
+            return f"{module}.{name}"
+        if module not in self.trees or module in seen:
+            return module
+        for node in self.trees[module].body:
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name:
+                        source = self._absolute(module, node)
+                        return self._defining(source, alias.name, seen | {module})
+        return module
+
+    def _imports(self, module: str) -> set[str]:
+        found: set[str] = set()
+        for node in ast.walk(self.trees[module]):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                source = self._absolute(module, node)
+                found |= {self._defining(source, alias.name) for alias in node.names}
+        return {name for name in found if name in self.trees and name != module}
+
+    def cycle(self, skip: set[tuple[str, str]]) -> list[str] | None:
+        """One import cycle (its modules, the first repeated at the end), or None."""
+        done: set[str] = set()
+        for start in sorted(self.edges):
+            # Depth first, iteratively: each frame is a module and the imports left to visit.
+            frames = [(start, iter(sorted(self.edges[start])))]
+            path, on_path = [start], {start}
+            while frames:
+                module, left = frames[-1]
+                following = next(left, None)
+                if following is None:
+                    frames.pop()
+                    on_path.discard(path.pop())
+                    done.add(module)
+                elif (module, following) in skip or following in done:
+                    continue
+                elif following in on_path:
+                    return [*path[path.index(following) :], following]
+                else:
+                    frames.append((following, iter(sorted(self.edges[following]))))
+                    on_path.add(following)
+                    path.append(following)
+        return None
+
+
+def test_the_cycle_check_sees_lazy_relative_and_re_exported_imports(tmp_path: Path) -> None:
+    root = tmp_path / "game"
+    (root / "npc").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "npc" / "__init__.py").write_text("from game.npc._actor import Actor\n")
+    (root / "npc" / "_actor.py").write_text("class Actor: ...\n")
+    (root / "npc" / "_cast.py").write_text("def cast():\n    from ._lines import line\n")
+    (root / "_lines.py").write_text("line = 1\n")
+    (root / "npc" / "_lines.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from game.npc import Actor\n"
+    )
+    graph = ImportGraph(root)
+    assert graph.edges["game.npc"] == {"game.npc._actor"}
+    assert graph.edges["game.npc._cast"] == {"game.npc._lines"}
+    assert graph.edges["game.npc._lines"] == {"game.npc._actor"}
+    assert graph.cycle(set()) is None
+    (root / "npc" / "_actor.py").write_text("def act():\n    from game.npc._cast import cast\n")
+    (root / "npc" / "_cast.py").write_text("from . import _lines\n")
+    cycle = ImportGraph(root).cycle(set())
+    assert cycle == ["game.npc._actor", "game.npc._cast", "game.npc._lines", "game.npc._actor"]
+    assert ImportGraph(root).cycle({("game.npc._cast", "game.npc._lines")}) is None
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """ARCHITECTURE.md: no import cycles, not even lazy or TYPE_CHECKING ones."""
+    cycle = ImportGraph(SRC).cycle(KNOWN_CYCLE_EDGES)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
 def test_missing_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:

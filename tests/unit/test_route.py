@@ -27,19 +27,18 @@ from mythic.engine import (
     GenerationRequest,
     Timing,
 )
+from mythic.jobs import JobError, validate_job
 from mythic.route import (
     Breaker,
     BreakerState,
     Endpoint,
     EndpointError,
-    JobError,
     NoEndpointError,
     OpenAIEndpoint,
     Router,
     TierPolicy,
     UnknownKindError,
     canned_line,
-    validate_job,
 )
 
 pytestmark = pytest.mark.unit

@@ -907,7 +907,7 @@ def _with_jobs(config: Path | None, work: Callable[[Any], Any]) -> Any:
     """Run `work(queue)` on the configured job queue."""
     import asyncio
 
-    from mythic.route import open_queue
+    from mythic.jobs import open_queue
 
     settings = _settings(config)
 
@@ -1045,8 +1045,9 @@ def jobs_work(
     PostgreSQL queue). The server picks up the artifacts."""
     import asyncio
 
+    from mythic.jobs import JobWorker, open_queue
     from mythic.knowledge import load_world
-    from mythic.route import JobWorker, open_queue, open_router
+    from mythic.route import open_router
 
     settings = _settings(config)
     loaded = _guard(partial(load_world, world))

@@ -1,6 +1,6 @@
 """Routing: tiers (gold, silver, bronze), endpoints (the embedded engine, remote
 OpenAI-compatible servers), health checks, circuit breakers, fallback to a canned line, usage
-accounting, and the durable bronze job queue with its workers.
+accounting. The bronze job queue and its workers are `mythic.jobs`.
 
 Importing this package loads no model and opens no connection.
 """
@@ -15,45 +15,18 @@ from mythic.route._endpoints import (
     EndpointRejectedError,
     OpenAIEndpoint,
 )
-from mythic.route._jobs import (
-    JOB_KINDS,
-    Artifact,
-    Job,
-    JobError,
-    JobQueue,
-    JobStatus,
-    JobStoreError,
-    open_queue,
-    validate_job,
-)
 from mythic.route._policy import TIER_ORDER, RouteDecision, TierPolicy, UnknownKindError
 from mythic.route._router import NoEndpointError, RoutedStream, Router, Usage
-from mythic.route._worker import (
-    ArtifactFollower,
-    JobWorker,
-    UnusableOutputError,
-    artifact_doc,
-    check_world_refs,
-)
 
 __all__ = [
     "CANNED_LINES",
-    "JOB_KINDS",
     "TIER_ORDER",
-    "Artifact",
-    "ArtifactFollower",
     "Breaker",
     "BreakerState",
     "EmbeddedEndpoint",
     "Endpoint",
     "EndpointError",
     "EndpointRejectedError",
-    "Job",
-    "JobError",
-    "JobQueue",
-    "JobStatus",
-    "JobStoreError",
-    "JobWorker",
     "NoEndpointError",
     "OpenAIEndpoint",
     "RouteDecision",
@@ -61,14 +34,9 @@ __all__ = [
     "Router",
     "TierPolicy",
     "UnknownKindError",
-    "UnusableOutputError",
     "Usage",
-    "artifact_doc",
     "canned_line",
-    "check_world_refs",
     "local_router",
-    "open_queue",
     "open_router",
     "resolve_model",
-    "validate_job",
 ]

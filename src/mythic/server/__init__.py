@@ -121,8 +121,9 @@ def serve(
     """
     import uvicorn
 
+    from mythic.jobs import open_queue
     from mythic.knowledge import load_world
-    from mythic.route import open_queue, open_router
+    from mythic.route import open_router
 
     world = load_world(world_path, max_lore_bytes=settings.knowledge.max_lore_bytes)
     for problem in world.skipped:

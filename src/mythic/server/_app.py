@@ -37,9 +37,7 @@ from mythic.engine import (
     ResidentAdapters,
     Sampling,
 )
-from mythic.knowledge import Knowledge, World, WorldLoadError, approx_tokens
-from mythic.memory import CardError, Memory, MemoryStoreError
-from mythic.route import (
+from mythic.jobs import (
     Artifact,
     ArtifactFollower,
     Job,
@@ -47,11 +45,12 @@ from mythic.route import (
     JobQueue,
     JobStoreError,
     JobWorker,
-    Router,
     check_world_refs,
-    local_router,
     validate_job,
 )
+from mythic.knowledge import Knowledge, World, WorldLoadError, approx_tokens
+from mythic.memory import CardError, Memory, MemoryStoreError
+from mythic.route import Router, local_router
 from mythic.server._sessions import Session, Sessions
 
 if TYPE_CHECKING:

@@ -21,8 +21,7 @@ from typing import Any
 from mythic._errors import MythicError
 from mythic.config import JobSettings
 from mythic.engine import ChatMessage, GenerationRequest, Priority, Sampling
-from mythic.knowledge import Knowledge, LoreDoc, World
-from mythic.route._jobs import (
+from mythic.jobs._queue import (
     REQUEST_KIND_OF_JOB,
     Artifact,
     Job,
@@ -31,7 +30,8 @@ from mythic.route._jobs import (
     JobStoreError,
     validate_job,
 )
-from mythic.route._router import Router
+from mythic.knowledge import Knowledge, LoreDoc, World
+from mythic.route import Router
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Bronze jobs: a durable queue with at-least-once delivery, and the workers that run it.
+"""Bronze jobs: a durable queue with at-least-once delivery (the workers are in `_worker`).
 
 One table, two databases: PostgreSQL (`jobs.url`; workers claim with `FOR UPDATE SKIP LOCKED`,
 so many workers on many machines never take the same job) or an embedded SQLite file (the
