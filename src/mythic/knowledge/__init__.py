@@ -37,11 +37,12 @@ from mythic.knowledge._pack import (
     persona_lines,
     persona_prompt,
 )
-from mythic.knowledge._tokens import TokenCounter, approx_tokens, fit_tokens
+from mythic.knowledge._tokens import CHARS_PER_TOKEN, TokenCounter, approx_tokens, fit_tokens
 from mythic.knowledge._world import LoreDoc, Persona, World, WorldCard, Zone, load_world
 
 __all__ = [
     "ANSWER_NOTE",
+    "CHARS_PER_TOKEN",
     "HEADERS",
     "INTENTS",
     "MORE_LORE",

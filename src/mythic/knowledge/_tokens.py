@@ -13,6 +13,10 @@ from collections.abc import Callable
 TokenCounter = Callable[[str], int]
 """Tokens in a text; must count the empty text as 0."""
 
+CHARS_PER_TOKEN = 4
+"""Characters a token, where a budget in tokens must become one in characters before any
+tokenizer is at hand: BPE vocabularies average about four characters of English prose a token."""
+
 _PIECES = re.compile(r"\w+|[^\w\s]")
 
 

@@ -29,6 +29,7 @@ from mythic.engine import (
     RequestError,
     Timing,
 )
+from mythic.knowledge import CHARS_PER_TOKEN
 
 if TYPE_CHECKING:
     import httpx
@@ -110,10 +111,11 @@ class EmbeddedEndpoint(Endpoint):
 
 
 def approx_prompt_tokens(request: GenerationRequest) -> int:
-    """A request's prompt size without its model's tokenizer: about four characters a token."""
+    """A request's prompt size without its model's tokenizer (`CHARS_PER_TOKEN`), plus four
+    tokens a message for its chat template's role markers."""
     if request.prompt is not None:
-        return len(request.prompt) // 4
-    return sum(len(m.content) // 4 + 4 for m in request.messages or ())
+        return len(request.prompt) // CHARS_PER_TOKEN
+    return sum(len(m.content) // CHARS_PER_TOKEN + 4 for m in request.messages or ())
 
 
 _RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
