@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from mythic._errors import MythicError
-from mythic.archetypes._plan import (
+from mythic.capacity import (
     ACTIVATION_TIERS,
     DEVICES,
     KV_DTYPES,
@@ -24,7 +24,6 @@ from mythic.archetypes._plan import (
     PlanError,
     ServerThroughput,
     UnknownPresetError,
-    design_examples,
     device_preset,
     kv_bytes_per_token,
     lora_bytes,
@@ -36,6 +35,7 @@ from mythic.archetypes._plan import (
     uniform_tier,
     weight_bytes,
 )
+from mythic.capacity._design import design_examples
 from mythic.cli import _plan as plan_cli
 
 pytestmark = pytest.mark.unit

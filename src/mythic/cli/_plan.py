@@ -1,7 +1,7 @@
 """`mythic plan`: memory per server, archetype chain placement and server counts for N NPCs.
 
 The help texts name the presets by hand so that `mythic --help` imports nothing of
-`mythic.archetypes`; tests/unit/test_plan.py checks they list every preset.
+`mythic.capacity`; tests/unit/test_plan.py checks they list every preset.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from rich.table import Table
 from mythic._errors import MythicError
 
 if TYPE_CHECKING:
-    from mythic.archetypes._plan import DesignReview, MemoryBudget, Placement, ScalePlan
+    from mythic.capacity import MemoryBudget, Placement, ScalePlan
+    from mythic.capacity._design import DesignReview
 
 MODEL_HELP = (
     "Base model: smollm2-135m, qwen2.5-0.5b, qwen2.5-3b, qwen2.5-7b, llama-3.1-8b, llama-3.1-70b."
@@ -82,7 +83,7 @@ def _build(
     kv_dtype: str,
     npcs: list[int],
 ) -> _Plan:
-    from mythic.archetypes._plan import (
+    from mythic.capacity import (
         ACTIVATION_TIERS,
         ChainFootprint,
         PlanError,
@@ -122,7 +123,7 @@ def _build(
 
 
 def _print_plan(plan: _Plan, archetypes: list[str], per_archetype: int, targets: list[str]) -> None:
-    from mythic.archetypes._plan import ACTIVATION_TIERS, device_preset
+    from mythic.capacity import ACTIVATION_TIERS, device_preset
     from mythic.cli import out
 
     b = plan.memory
@@ -301,7 +302,7 @@ def plan_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Size servers for archetype chains: memory, placement, and servers for N NPCs."""
-    from mythic.archetypes._plan import design_examples
+    from mythic.capacity._design import design_examples
     from mythic.cli import _guard, out
 
     names = _guard(lambda: _split(archetypes, "--archetypes"))
