@@ -10,12 +10,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import EXAMPLE_WORLD
+from tests.conftest import EXAMPLE_WORLD, unavailable
 from tests.e2e.test_cli import mythic
 
 pytestmark = pytest.mark.e2e
 
-pytest.importorskip("peft")
+
+@pytest.fixture(scope="module", autouse=True)
+def _train_extra() -> None:
+    try:
+        import peft  # noqa: F401
+    except ImportError as exc:
+        unavailable(f"the train extra is not installed: {exc}")
+
 
 TINY = ("--steps", "3", "--batch", "2", "--rank", "4", "--model", "smollm2-135m-instruct")
 

@@ -40,7 +40,7 @@ from mythic.engine import (
 from mythic.knowledge import load_world
 from mythic.route import local_router
 from mythic.server import Gateway, serving
-from tests.conftest import EXAMPLE_WORLD
+from tests.conftest import EXAMPLE_WORLD, unavailable
 from tests.integration.conftest import load_engine
 from tests.loras import write_lora
 
@@ -83,7 +83,10 @@ def engine(settings: MythicSettings) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def loras(tmp_path_factory: pytest.TempPathFactory, engine: Engine) -> dict[str, Path]:
-    pytest.importorskip("gguf", reason="the gguf package writes the test adapters (dev extra)")
+    try:
+        import gguf  # noqa: F401
+    except ImportError as exc:
+        unavailable(f"the gguf package writes the test adapters (dev extra): {exc}")
     assert isinstance(engine.backend, LlamaCppBackend)
     base = engine.backend.resolved.path
     folder = tmp_path_factory.mktemp("loras")

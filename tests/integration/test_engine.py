@@ -40,6 +40,7 @@ from mythic.engine import (
     SequenceChunk,
     UnknownAdapterError,
 )
+from tests.conftest import unavailable
 from tests.integration.conftest import load_engine
 from tests.loras import write_lora
 
@@ -574,7 +575,10 @@ async def test_truncate_policy_drops_the_oldest_turns(settings: MythicSettings) 
 
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory: pytest.TempPathFactory, smollm: Engine) -> dict[str, Path]:
-    pytest.importorskip("gguf", reason="the gguf package writes the test adapters (dev extra)")
+    try:
+        import gguf  # noqa: F401
+    except ImportError as exc:
+        unavailable(f"the gguf package writes the test adapters (dev extra): {exc}")
     assert isinstance(smollm.backend, LlamaCppBackend)
     base = smollm.backend.resolved.path
     folder = tmp_path_factory.mktemp("loras")

@@ -12,11 +12,17 @@ import yaml
 
 from mythic.archetypes import ChainRouter, open_registry
 from mythic.server._provision import Provisioner, ProvisionRun
-from tests.conftest import EXAMPLE_WORLD
+from tests.conftest import EXAMPLE_WORLD, unavailable
 
 pytestmark = pytest.mark.integration
 
-pytest.importorskip("peft")
+
+@pytest.fixture(scope="module", autouse=True)
+def _train_extra() -> None:
+    try:
+        import peft  # noqa: F401
+    except ImportError as exc:
+        unavailable(f"the train extra is not installed: {exc}")
 
 
 async def test_a_missing_adapter_is_trained_registered_and_routed(tmp_path: Path) -> None:
