@@ -1,4 +1,4 @@
-"""`mythic archetypes list|show|register`: the archetype chain registry."""
+"""`mythic archetypes list|show|register|provision`: the archetype chain registry."""
 
 from __future__ import annotations
 
@@ -9,12 +9,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 
 from mythic._errors import MissingExtraError
+from mythic.cli._console import err, guard, load_config, out
+from mythic.cli._options import (
+    BaseModelOption,
+    BatchOption,
+    ConfigOption,
+    JsonOption,
+    LearningRateOption,
+    RankOption,
+    StepsOption,
+)
 
 if TYPE_CHECKING:
     from mythic.archetypes._registry import AdapterInfo, ArchetypeChain, ArchetypeRegistry
+
 
 __all__ = ["archetypes_app"]
 
@@ -23,9 +33,6 @@ archetypes_app = typer.Typer(
     no_args_is_help=True,
 )
 
-# markup=False: paths and names may contain [brackets] that are not markup.
-out = Console(highlight=False, soft_wrap=True, markup=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 T = TypeVar("T")
 
@@ -44,13 +51,6 @@ WorldOption = Annotated[
     Path, typer.Option("--world", "-w", help="World folder whose archetypes.yaml is the registry.")
 ]
 PrefixOption = Annotated[str, typer.Option("--prefix", help="Redis key prefix.")]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-
-
-def _guard(fn: Callable[[], T]) -> T:
-    from mythic.cli import _guard as guard
-
-    return guard(fn)
 
 
 def _with_registry(
@@ -101,7 +101,7 @@ def archetypes_list(
     async def work(store: ArchetypeRegistry) -> tuple[str, list[ArchetypeChain]]:
         return store.where, await store.list()
 
-    where, chains = _guard(lambda: _with_registry(registry, world, prefix, work))
+    where, chains = guard(lambda: _with_registry(registry, world, prefix, work))
     if as_json:
         out.print(json.dumps([c.model_dump(mode="json") for c in chains], indent=2))
         return
@@ -147,7 +147,7 @@ def archetypes_show(
         versions = {t.value: await store.history(archetype, t) for t in AdapterTask}
         return chain, versions
 
-    chain, versions = _guard(lambda: _with_registry(registry, world, prefix, work))
+    chain, versions = guard(lambda: _with_registry(registry, world, prefix, work))
     if as_json:
         data = chain.model_dump(mode="json")
         if history:
@@ -387,7 +387,7 @@ def archetypes_register(
             registered = await store.register_adapter(archetype, info)
         return existed, await store.require(archetype), registered
 
-    existed, chain, registered = _guard(lambda: _with_registry(registry, world, prefix, work))
+    existed, chain, registered = guard(lambda: _with_registry(registry, world, prefix, work))
     for note in notes:
         err.print(f"note: {note}")
     if as_json:
@@ -404,3 +404,52 @@ def archetypes_register(
             f"registered {chain.archetype} {registered.task.value} "
             + _adapter_line(registered, "").lstrip()
         )
+
+
+@archetypes_app.command("provision")
+def archetypes_provision(
+    archetype: Annotated[str, typer.Argument(help="Archetype to give adapters, e.g. ghoul.")],
+    world: Annotated[Path, typer.Option("--world", "-w", help="World folder.")] = Path(
+        "examples/worlds/ravenmoor"
+    ),
+    tasks: Annotated[
+        str, typer.Option("--tasks", help="Comma-separated tasks to train.")
+    ] = "dialogue_style,action_policy",
+    model: BaseModelOption = None,
+    steps: StepsOption = 40,
+    rank: RankOption = 16,
+    batch_size: BatchOption = 4,
+    learning_rate: LearningRateOption = 2e-3,
+    retrain: Annotated[
+        bool, typer.Option("--retrain", help="Train tasks that already have an adapter too.")
+    ] = False,
+    registry: Annotated[
+        str | None,
+        typer.Option(
+            "--registry", "-r", help="YAML file or redis:// URL (default: <world>/archetypes.yaml)."
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", help="Adapters folder (default: beside the model cache)."),
+    ] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Give an archetype its adapters: curate, train, evaluate against the base in the same
+    run, and register those that pass the quality gate. Exit status 1 when one fails it."""
+    from mythic.cli._train import run_provision
+    from mythic.training import TrainSettings
+
+    settings = load_config(config)
+    chosen = [t.strip() for t in tasks.split(",") if t.strip()]
+    train_settings = TrainSettings(
+        rank=rank, alpha=2.0 * rank, steps=steps, batch_size=batch_size, learning_rate=learning_rate
+    )
+    where = registry or str(world / "archetypes.yaml")
+    passed = guard(
+        lambda: run_provision(
+            settings, world, archetype, chosen, model, train_settings, where, out_dir, retrain
+        )
+    )
+    if not passed:
+        raise typer.Exit(1)

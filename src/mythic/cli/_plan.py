@@ -15,6 +15,7 @@ from rich import box
 from rich.table import Table
 
 from mythic._errors import MythicError
+from mythic.cli._console import guard, out
 
 if TYPE_CHECKING:
     from mythic.capacity import MemoryBudget, Placement, ScalePlan
@@ -124,7 +125,6 @@ def _build(
 
 def _print_plan(plan: _Plan, archetypes: list[str], per_archetype: int, targets: list[str]) -> None:
     from mythic.capacity import ACTIVATION_TIERS, device_preset
-    from mythic.cli import out
 
     b = plan.memory
     dev = device_preset(b.device)
@@ -225,8 +225,6 @@ def _print_plan(plan: _Plan, archetypes: list[str], per_archetype: int, targets:
 
 
 def _print_design(review: DesignReview) -> None:
-    from mythic.cli import out
-
     out.print("Design 002/003: the worked numbers against the computed ones")
     for c in review.claims:
         out.print(f"\n{c.claim}")
@@ -303,19 +301,18 @@ def plan_command(
 ) -> None:
     """Size servers for archetype chains: memory, placement, and servers for N NPCs."""
     from mythic.capacity._design import design_examples
-    from mythic.cli import _guard, out
 
-    names = _guard(lambda: _split(archetypes, "--archetypes"))
-    modules = _guard(lambda: _split(targets, "--targets"))
-    counts = _guard(lambda: _npcs(npcs))
+    names = guard(lambda: _split(archetypes, "--archetypes"))
+    modules = guard(lambda: _split(targets, "--targets"))
+    counts = guard(lambda: _npcs(npcs))
     if design:
-        review = _guard(lambda: design_examples(model, quant, device, counts))
+        review = guard(lambda: design_examples(model, quant, device, counts))
         if as_json:
             out.print(json.dumps(asdict(review), indent=2))
         else:
             _print_design(review)
         return
-    plan = _guard(
+    plan = guard(
         lambda: _build(
             model,
             quant,

@@ -1,7 +1,7 @@
 """`mythic train adapter` and `mythic eval archetype`: archetype adapters on this machine.
 
-The commands are declared in `mythic.cli`; the work is here, raising `MythicError`s the
-command line turns into messages.
+The commands are declared in `_train_command.py`, `_eval_command.py` and `_archetypes.py`;
+the work is here, raising `MythicError`s the command line turns into messages.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,15 +22,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from mythic.cli._console import err, out
 from mythic.config import MythicSettings
 
 if TYPE_CHECKING:
     from mythic.archetypes import AdapterInfo
     from mythic.knowledge import World
     from mythic.training import ArchetypeEval, BuiltAdapter, LoreQuestion, TrainSettings
-
-out = Console(highlight=False, soft_wrap=True, markup=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
 def adapters_root(settings: MythicSettings) -> Path:

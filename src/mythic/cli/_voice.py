@@ -6,9 +6,12 @@ import asyncio
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from mythic._errors import MythicError
+from mythic.cli._console import guard, out
 
 INPUT_RATE = 16000
 
@@ -69,3 +72,38 @@ async def talk_once(
     if out is not None and turn.chunks:
         write_wav(out, turn.pcm, turn.sample_rate or 22050)
     return turn, latency
+
+
+# -- the commands ---------------------------------------------------------------------------
+
+voice_app = typer.Typer(help="NPC voices: list the profiles, preview one as a WAV file.")
+
+
+@voice_app.command("list")
+def voice_list() -> None:
+    """The voice profiles NPCs can have (`voice_id` in a card; an archetype's name is one)."""
+    from mythic.speech import Voices
+
+    for profile in Voices():
+        effects = ", ".join(" ".join(effect) for effect in profile.effects) or "-"
+        out.print(
+            f"{profile.voice_id:<10} {profile.engine:<7} rate {profile.rate:<5g} pitch "
+            f"{profile.pitch_semitones:+g}  effects: {effects}  {profile.description}"
+        )
+
+
+@voice_app.command("preview")
+def voice_preview(
+    voice_id: Annotated[str, typer.Argument(help="A voice id (mythic voice list).")],
+    text: Annotated[str, typer.Argument(help="What to say.")],
+    output: Annotated[Path, typer.Option("--out", "-o", help="The WAV file to write.")] = Path(
+        "preview.wav"
+    ),
+) -> None:
+    """Say `text` in a voice, into a WAV file."""
+    import asyncio
+
+    from mythic.speech import write_preview
+
+    path = guard(lambda: asyncio.run(write_preview(voice_id, text, output)))
+    out.print(f"wrote {path}")
