@@ -228,12 +228,20 @@ def test_over_the_cap_scene_objects_go_first_then_lore(tmp_path: Path) -> None:
     # The nearest objects stay; the farthest went first.
     assert packed.scene is not None and "guard_0 (1 away)" in packed.scene
     assert "guard_19" not in packed.scene
-    # Tighter still: the scene is gone and the lore is trimmed, its least relevant lines first.
+    # Tighter: the whole scene goes before any lore does.
     cap = full.tokens["persona"] + 40
     tighter = Knowledge(world, bm25(tmp_path, scene_tokens=1000, max_context_tokens=cap))
     packed = tighter.context("marla", Query("When does the tavern open?"), scene=scene)
-    assert packed.scene is None or packed.dropped["scene"] == 20
+    assert packed.total <= cap
+    assert packed.scene is None and packed.dropped["scene"] == 20
+    assert packed.tokens["lore"] == full.tokens["lore"] and packed.dropped["lore"] == 0
     assert packed.lore is not None and "sixth bell" in packed.lore
+    # Tighter still: the lore is trimmed to the lines that fit (here: not its long first one).
+    cap = full.tokens["persona"] + 25
+    tightest = Knowledge(world, bm25(tmp_path, scene_tokens=1000, max_context_tokens=cap))
+    packed = tightest.context("marla", Query("When does the tavern open?"), scene=scene)
+    assert packed.total <= cap and packed.scene is None
+    assert 0 < packed.tokens["lore"] < full.tokens["lore"] and packed.dropped["lore"] > 0
 
 
 def test_pack_with_nothing_to_pack() -> None:

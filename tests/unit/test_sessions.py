@@ -64,4 +64,10 @@ async def test_a_connected_client_that_does_not_read_is_cut_off() -> None:
 
 async def test_messages_for_a_gone_session_are_dropped() -> None:
     sessions = Sessions(max_sessions=4, resume_ttl_s=60, outbox_size=8)
-    sessions.send("s-gone", _note(1))  # no error: the NPC finished after its player left
+    gone, kept = sessions.open(None), sessions.open(None)
+    sessions.remove(gone.id)
+    sessions.send(gone.id, _note(1))  # no error: the NPC finished after its player left
+    sessions.send("s-never", _note(2))
+    assert not gone.outbox and not gone.ready.is_set()
+    assert not kept.outbox and len(sessions) == 1
+    assert sessions.get(gone.id) is None and sessions.get("s-never") is None
