@@ -313,7 +313,7 @@ async def test_bad_audio_gets_typed_errors_and_the_session_goes_on(
 
 
 def test_the_voice_helpers(monkeypatch: Any) -> None:
-    from mythic.server._voice import Decimator, is_backchannel
+    from mythic.voice import Decimator, is_backchannel
 
     assert is_backchannel("Yeah.") and is_backchannel("mm-hm") and is_backchannel("I see")
     assert not is_backchannel("Yeah, but where is the mill?") and not is_backchannel("")

@@ -30,7 +30,8 @@ require("fastapi", package="fastapi", extra="server")
 require("uvicorn", package="uvicorn", extra="server")
 require("prometheus_client", package="prometheus-client", extra="server")
 
-from mythic.server._app import Gateway, GatewayMetrics, SayReply, SayRequest, create_app  # noqa: E402
+from mythic.server._app import Gateway, GatewayMetrics, SayReply, SayRequest  # noqa: E402
+from mythic.server._asgi import create_app  # noqa: E402
 from mythic.server._sessions import Session, SessionError, Sessions  # noqa: E402
 
 __all__ = [

@@ -1,4 +1,6 @@
-"""The gateway: the FastAPI app that puts a world's NPCs on WebSocket and HTTP."""
+"""The gateway: a world's NPCs, their sessions and the server's background work, apart from
+the web framework (`create_app` puts a gateway on HTTP and WebSocket; nothing here imports
+it)."""
 
 from __future__ import annotations
 
@@ -9,24 +11,15 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Protocol
 
-from fastapi import FastAPI, HTTPException, WebSocket
-from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from mythic._errors import MythicError
 from mythic.archetypes import REGISTRY_FILE, ChainRouter, RegistryError, open_registry
 from mythic.config import MythicSettings
 from mythic.contracts import MAX_TEXT_CHARS, LLMStreamDelta, PlayerUtterance, ServerMessage
-from mythic.dialogue import (
-    Cast,
-    MailboxFullError,
-    ReplySink,
-    ToolArgumentError,
-    TurnRecord,
-    UnknownNPCError,
-)
+from mythic.dialogue import Cast, ReplySink, TurnRecord
 from mythic.engine import (
     ChatMessage,
     Engine,
@@ -37,31 +30,22 @@ from mythic.engine import (
     ResidentAdapters,
     Sampling,
 )
-from mythic.jobs import (
-    Artifact,
-    ArtifactFollower,
-    Job,
-    JobError,
-    JobQueue,
-    JobStoreError,
-    JobWorker,
-    check_world_refs,
-    validate_job,
-)
-from mythic.knowledge import Knowledge, World, WorldLoadError, approx_tokens
-from mythic.memory import CardError, Memory, MemoryStoreError
+from mythic.jobs import JobQueue
+from mythic.knowledge import Knowledge, World, approx_tokens
+from mythic.memory import Memory
 from mythic.route import Router, local_router
+from mythic.server._jobs import JobBoard
 from mythic.server._sessions import Session, Sessions
 
 if TYPE_CHECKING:
     from mythic.server._provision import Provisioner
-    from mythic.server._socket import Connection
-    from mythic.server._voice import VoiceHub
+    from mythic.voice import VoiceHub
 
 log = logging.getLogger(__name__)
 
 _REGISTRY_TIMEOUT_S = 10.0
 """Longest wait for the archetype registry at start (a Redis that does not answer)."""
+_SAY_TIMEOUT_S = 120.0
 
 
 @dataclass(slots=True)
@@ -103,30 +87,32 @@ class SayReply(BaseModel):
     went out as it was."""
 
 
-JobStatusName = Literal["queued", "running", "done", "dead"]
+class ReplyTimeoutError(MythicError):
+    """An NPC did not finish its reply to an HTTP line in time."""
+
+    retryable = True
 
 
-class JobRequest(BaseModel):
-    """`POST /v1/jobs`: a bronze job."""
+class Link(Protocol):
+    """What serves a session to its client (a WebSocket connection)."""
 
-    model_config = ConfigDict(extra="forbid")
+    def taken_over(self) -> None:
+        """Another connection resumed the session: close this one."""
 
-    kind: str = Field(min_length=1, max_length=32)
-    """`lore`, `quest` or `summary`."""
-    payload: dict[str, Any] = Field(default_factory=dict)
-    job_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
-    """Idempotency key: submitting it again returns the job already queued."""
+    def too_slow(self) -> None:
+        """The session's outbox overflowed: close the connection, keep the session."""
 
 
-class WarmupRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ReplyObserver(Protocol):
+    """Told when a reply's first token goes out to a session (the voice layer dates its
+    turns' first model token by it)."""
 
-    npcs: list[str] = Field(default_factory=list, max_length=256)
-    """NPCs whose persona prompts to evaluate now, so their first turns start from cache."""
+    def first_token(self, session_id: str, npc_id: str, turn_id: str) -> None: ...
 
 
 class Gateway:
-    """What the app's routes share: settings, the world, the router, the cast, the sessions."""
+    """A world's NPCs served to game clients: the router, the cast, the sessions, the bronze
+    jobs and the voice layer, and (`run`) every background task they need."""
 
     def __init__(
         self,
@@ -144,13 +130,13 @@ class Gateway:
     ) -> None:
         """Requests go through `router` (tiers, endpoints, fallback); without one, every tier
         runs on `engine`, gold on `intent_engine` when given. `jobs`: the bronze job queue
-        (the app runs `jobs.workers` workers and applies artifacts to the knowledge; None: no
+        (`run` runs `jobs.workers` workers and applies artifacts to the knowledge; None: no
         jobs). `replies` receives each reply phrase by phrase (default: the voice layer, when
-        `speech.enabled`). `memory`: the NPCs remember players across sessions (the app starts
+        `speech.enabled`). `memory`: the NPCs remember players across sessions (`run` starts
         and closes it). `knowledge`: persona, lore and packing (None: built here from
         `settings.knowledge`, counting tokens with the dialogue model's tokenizer). `chains`:
         the archetype adapters NPCs are served with (None: built here from
-        `settings.archetypes`, on the embedded engines; the app reads the registry at start,
+        `settings.archetypes`, on the embedded engines; `run` reads the registry at start,
         rereads it every `archetypes.refresh_s` and closes it).
 
         Raises:
@@ -168,11 +154,10 @@ class Gateway:
             count = token_counter(self.engine) if self.engine is not None else approx_tokens
             knowledge = Knowledge(world, settings.knowledge, count=count)
         self.knowledge = knowledge
-        self.jobs = jobs
-        self.workers: list[JobWorker] = []
-        self.follower = (
-            ArtifactFollower(jobs, knowledge, poll_s=settings.jobs.poll_s) if jobs else None
+        self.jobs = (
+            JobBoard(jobs, router, knowledge, lambda: self.world, settings.jobs) if jobs else None
         )
+        """The bronze jobs; None: no queue."""
         self.metrics = GatewayMetrics()
         server = settings.server
         self.sessions = Sessions(
@@ -195,11 +180,13 @@ class Gateway:
                 settings.archetypes.registry or str(world.path / REGISTRY_FILE),
                 steps=settings.archetypes.provision_steps,
             )
+        self.observers: list[ReplyObserver] = []
+        """Told when each reply's first token goes out."""
         self.cast = Cast(
             world,
             router,
             settings,
-            self.send,
+            self._send,
             replies=replies,
             memory=memory,
             knowledge=knowledge,
@@ -208,22 +195,110 @@ class Gateway:
         self.voice: VoiceHub | None = None
         """Speech in and out for voice sessions; None when `speech.enabled` is false."""
         if settings.speech.enabled:
-            from mythic.server._voice import VoiceHub
+            from mythic.voice import VoiceHub
 
-            self.voice = VoiceHub(settings, self.send, self.cast)
+            self.voice = VoiceHub(settings, self.sessions.send, self.cast)
+            self.observers.append(self.voice)
             if replies is None:
                 self.cast.replies = self.voice
         self.ready = False
         self.warmed: list[str] = []
         """NPCs whose prompts were warmed (`warm_npcs`), in order."""
         self.started = time.monotonic()
-        self._connections: dict[str, Connection] = {}
-        self._voice_tasks: set[asyncio.Task[None]] = set()
+        self._links: dict[str, Link] = {}
+        self._tasks: asyncio.TaskGroup | None = None
+        """The task group of `run`, while it runs and is not shutting down."""
 
     @property
     def world(self) -> World:
         """The world in play: the last one loaded or reloaded."""
         return self.cast.world
+
+    # -- running ------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def run(self, *, warm: bool = True) -> AsyncIterator[None]:
+        """Open the gateway's stores and start its background work; on exit, cancel and await
+        every task, then close what was opened. With `warm`, the engines are warmed first
+        thing and `ready` turns true when that is done.
+
+        The background work: the session reaper, the warm-up, the speech models' start, the
+        world watcher (`knowledge.watch`), the registry's rereads, provisioning, the bronze
+        workers and their artifact follower.
+        """
+        async with contextlib.AsyncExitStack() as opened:
+            if self.memory is not None:
+                await self.memory.start()
+                opened.push_async_callback(self.memory.aclose)
+            self.router.start()
+            opened.push_async_callback(self.router.aclose)
+            if self.jobs is not None:
+                opened.push_async_callback(self.jobs.queue.aclose)
+            if self.chains is not None:
+                opened.push_async_callback(self.chains.aclose)
+                await _read_chains(self.chains)
+            async with asyncio.TaskGroup() as tasks:
+                background = self._start(tasks, warm=warm)
+                self._tasks = tasks
+                try:
+                    yield
+                finally:
+                    # Sessions that end from here on are closed by `voice.aclose`.
+                    self._tasks = None
+                    for task in background:
+                        task.cancel()
+                    await self.cast.aclose()
+                    if self.voice is not None:
+                        await self.voice.aclose()
+
+    def _start(self, tasks: asyncio.TaskGroup, *, warm: bool) -> list[asyncio.Task[None]]:
+        start = tasks.create_task
+        started = [start(self._reap(), name="mythic-reaper")]
+        if warm:
+            started.append(start(self._warm_at_start(), name="mythic-warm-up"))
+        if self.voice is not None:
+            started.append(start(_start_voice(self.voice), name="mythic-speech"))
+        if self.settings.knowledge.watch:
+            started.append(start(self._watch_world(), name="mythic-world-watch"))
+        refresh_s = self.settings.archetypes.refresh_s
+        if self.chains is not None and refresh_s > 0:
+            started.append(start(self.chains.follow(refresh_s), name="mythic-registry"))
+        if self.provisioner is not None:
+            started.append(start(self.provisioner.run(), name="mythic-provision"))
+        if self.jobs is not None:
+            started += self.jobs.start(tasks)
+        return started
+
+    async def _reap(self) -> None:
+        """Forget sessions whose resume window has passed, until cancelled."""
+        interval = max(0.05, min(self.settings.server.resume_ttl_s / 4, 5.0))
+        while True:
+            await asyncio.sleep(interval)
+            for session in self.sessions.expired():
+                self.cast.session_gone(session.id, forget=True)
+                self._voice_gone(session.id, forget=True)
+
+    async def _warm_at_start(self) -> None:
+        try:
+            seconds = await self.warmup([])
+            log.info("warmed up in %.2f s", seconds)
+        except (MythicError, TimeoutError):
+            log.exception("warm-up failed; /readyz stays 503 until POST /v1/warmup succeeds")
+            return
+        # Then, in the background of a ready server, the first NPCs' prompts (server.warm_npcs),
+        # behind every player's request.
+        npcs = sorted(self.world.npcs)[: self.settings.server.warm_npcs]
+        if not npcs:
+            return
+        started = time.perf_counter()
+        try:
+            await self.warm_npcs(npcs, Priority.BRONZE)
+        except (MythicError, TimeoutError) as exc:
+            log.warning("warming the NPCs' prompts stopped: %s", exc)
+            return
+        log.info("warmed %d NPCs' prompts in %.2f s", len(npcs), time.perf_counter() - started)
+
+    # -- the world ----------------------------------------------------------------------------
 
     async def reload_world(self) -> dict[str, Any]:
         """Reload the world from its folder (in a worker thread) and put it in play.
@@ -234,96 +309,50 @@ class Gateway:
         """
         report = await asyncio.to_thread(self.knowledge.reload, check=self.cast.check_world)
         self.cast.reload_world()
-        return _report(self.knowledge, report)
+        return {
+            "world": self.knowledge.world.name,
+            "generation": self.knowledge.generation,
+            "chunks": report.chunks,
+            "shards_changed": report.shards_changed,
+            "embedded": report.embedded,
+            "skipped": report.skipped,
+            "seconds": round(report.seconds, 3),
+        }
 
-    async def watch_world(self) -> None:
+    async def _watch_world(self) -> None:
         """Reload the world when its files change, until cancelled."""
         await self.knowledge.watch(
             lambda _report: self.cast.reload_world(), check=self.cast.check_world
         )
 
-    def start_jobs(self, tasks: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
-        """Start the artifact follower and `jobs.workers` bronze workers."""
-        if self.jobs is None or self.follower is None:
-            return []
-        follower = self.follower
-        started = [tasks.create_task(follower.run(), name="mythic-artifacts")]
+    # -- sessions -----------------------------------------------------------------------------
 
-        def done(_job: Job, _artifact: Artifact) -> None:
-            follower.wake()
-
-        for i in range(self.settings.jobs.workers):
-            worker = JobWorker(
-                self.jobs,
-                self.router,
-                lambda: self.world,
-                self.settings.jobs,
-                name=f"server-{i}",
-                on_done=done,
-            )
-            self.workers.append(worker)
-            started.append(tasks.create_task(worker.run(), name=f"mythic-worker-{i}"))
-        return started
-
-    async def submit_job(self, kind: str, payload: object, job_id: str | None) -> dict[str, Any]:
-        """Queue a bronze job (idempotent by `job_id`) and wake a worker.
-
-        Raises:
-            JobError: unknown kind, invalid payload, or an NPC or zone the world lacks.
-            JobStoreError: the queue cannot be reached.
-        """
-        assert self.jobs is not None
-        data = validate_job(kind, payload)
-        check_world_refs(data, self.world)
-        job, created = await self.jobs.submit(kind, data, job_id=job_id)
-        for worker in self.workers:
-            worker.wake()
-        return {**self.job_status(job, None), "created": created}
-
-    def job_status(self, job: Job, artifact: Artifact | None) -> dict[str, Any]:
-        applied = self.follower is not None and job.job_id in self.follower.applied
-        return {
-            **job.to_dict(),
-            "artifact": artifact.to_dict() if artifact else None,
-            "applied": applied,
-        }
-
-    def send(self, session_id: str, message: ServerMessage) -> None:
-        if (
-            self.voice is not None
-            and isinstance(message, LLMStreamDelta)
-            and message.seq == 0
-            and not message.final
-        ):
-            self.voice.first_delta(session_id, message.turn_id)
+    def _send(self, session_id: str, message: ServerMessage) -> None:
+        """The cast's outbox: every NPC message to a session goes out here."""
+        if isinstance(message, LLMStreamDelta) and message.seq == 0 and not message.final:
+            for observer in self.observers:
+                observer.first_token(session_id, message.npc_id, message.turn_id)
         self.sessions.send(session_id, message)
 
     def _voice_gone(self, session_id: str, *, forget: bool) -> None:
-        if self.voice is not None:
-            task = asyncio.get_running_loop().create_task(
-                self.voice.session_gone(session_id, forget=forget)
-            )
-            self._voice_tasks.add(task)
-            task.add_done_callback(self._voice_tasks.discard)
+        if self.voice is not None and self._tasks is not None:
+            self._tasks.create_task(self.voice.session_gone(session_id, forget=forget))
 
-    def attach(self, session: Session, connection: Connection) -> None:
-        """`connection` now serves `session`; a connection that held it before is closed."""
-        from mythic.server._socket import TAKEN_OVER, TRY_AGAIN_LATER
-
-        old = self._connections.get(session.id)
-        if old is not None and old is not connection:
-            old.session = None
-            old.kick(TAKEN_OVER)
-        self._connections[session.id] = connection
+    def attach(self, session: Session, link: Link) -> None:
+        """`link` now serves `session`; a link that held it before is closed."""
+        old = self._links.get(session.id)
+        if old is not None and old is not link:
+            old.taken_over()
+        self._links[session.id] = link
         session.connected = True
         session.detached_at = None
         session.overflowed = False
-        session.on_overflow = lambda: connection.kick(TRY_AGAIN_LATER)
+        session.on_overflow = link.too_slow
 
-    def detach(self, session: Session, connection: Connection) -> None:
-        """The connection closed; the session waits `resume_ttl_s` for a resume."""
-        if self._connections.get(session.id) is connection:
-            del self._connections[session.id]
+    def detach(self, session: Session, link: Link) -> None:
+        """The link closed; the session waits `resume_ttl_s` for a resume."""
+        if self._links.get(session.id) is link:
+            del self._links[session.id]
             session.connected = False
             session.on_overflow = None
             session.detached_at = time.monotonic()
@@ -331,19 +360,12 @@ class Gateway:
             self._voice_gone(session.id, forget=False)
 
     def end_session(self, session: Session) -> None:
-        self._connections.pop(session.id, None)
+        self._links.pop(session.id, None)
         self.sessions.remove(session.id)
         self.cast.session_gone(session.id, forget=True)
         self._voice_gone(session.id, forget=True)
 
-    async def reap(self) -> None:
-        """Forget sessions whose resume window has passed, until cancelled."""
-        interval = max(0.05, min(self.settings.server.resume_ttl_s / 4, 5.0))
-        while True:
-            await asyncio.sleep(interval)
-            for session in self.sessions.expired():
-                self.cast.session_gone(session.id, forget=True)
-                self._voice_gone(session.id, forget=True)
+    # -- warming ------------------------------------------------------------------------------
 
     async def warmup(self, npcs: list[str]) -> float:
         """Run every engine once (and warm the listed NPCs' prompts: `warm_npcs`); seconds."""
@@ -400,9 +422,17 @@ class Gateway:
             if npc_id not in self.warmed:
                 self.warmed.append(npc_id)
 
+    # -- HTTP turns ---------------------------------------------------------------------------
+
     async def say(self, npc_id: str, body: SayRequest) -> SayReply:
         """One HTTP turn: the line goes through the NPC's actor like a WebSocket one, without
-        tools (HTTP cannot acknowledge them)."""
+        tools (HTTP cannot acknowledge them).
+
+        Raises:
+            UnknownNPCError: no such NPC.
+            MailboxFullError: the NPC has too many lines waiting.
+            ReplyTimeoutError: the reply did not finish in 120 s.
+        """
         actor = self.cast.actor(npc_id)
         session_id = f"http.{body.session_id}" if body.session_id else None
         session = self.sessions.get(session_id) if session_id else None
@@ -426,8 +456,12 @@ class Gateway:
                 npc_id=npc_id, session_id=session.id, turn_id=turn_id, text=body.text
             )
             self.cast.deliver(session.id, line, tools=False, player_id=session.player_id)
-            async with asyncio.timeout(120):
+            async with asyncio.timeout(_SAY_TIMEOUT_S):
                 finish = await done
+        except TimeoutError:
+            raise ReplyTimeoutError(
+                f"the NPC did not finish its reply in {_SAY_TIMEOUT_S:.0f} s"
+            ) from None
         finally:
             session.listeners.remove(listen)
             session.detached_at = time.monotonic()
@@ -446,45 +480,6 @@ class Gateway:
             intent=intent,
             caught=list(record.caught) if record is not None and ours else [],
         )
-
-    def npc_status(self, npc_id: str) -> dict[str, Any]:
-        persona = self.world.npc(npc_id)
-        actor = self.cast.actors.get(npc_id)
-        status: dict[str, Any] = {
-            "npc_id": npc_id,
-            "name": persona.name,
-            "archetype": persona.archetype,
-            "zone": persona.zone,
-            "active": actor is not None,
-            "state": actor.state.value if actor else "idle",
-        }
-        if actor is not None:
-            status |= {
-                "busy_session": actor.busy_session,
-                "sessions": sorted(actor.histories),
-                "history_messages": {k: len(v) for k, v in actor.histories.items()},
-                "scene": {
-                    "zone": actor.scene.zone,
-                    "time": actor.scene.time,
-                    "objects": [o.model_dump() for o in actor.scene.objects],
-                },
-                "memory": actor.remembered(),
-                "context": actor.last_context.content if actor.last_context else None,
-                "last_intent": actor.last_intent.model_dump() if actor.last_intent else None,
-                "last_turn": (
-                    {
-                        "session_id": actor.last_turn.session_id,
-                        "turn_id": actor.last_turn.turn_id,
-                        "finish_reason": actor.last_turn.finish,
-                        "intent": actor.last_turn.intent,
-                        "tool_calls": actor.last_turn.tool_calls,
-                        "caught": actor.last_turn.caught,
-                    }
-                    if actor.last_turn
-                    else None
-                ),
-            }
-        return status
 
 
 def open_chains(settings: MythicSettings, world: World, router: Router) -> ChainRouter | None:
@@ -517,28 +512,6 @@ async def _read_chains(chains: ChainRouter) -> None:
         )
 
 
-def token_counter(engine: Engine) -> Callable[[str], int]:
-    """Tokens of a text in the engine's model: the budgets of context packing."""
-    backend = engine.backend
-
-    def count(text: str) -> int:
-        return len(backend.tokenize(text, add_special=False, parse_special=False)) if text else 0
-
-    return count
-
-
-def _report(knowledge: Knowledge, report: Any) -> dict[str, Any]:
-    return {
-        "world": knowledge.world.name,
-        "generation": knowledge.generation,
-        "chunks": report.chunks,
-        "shards_changed": report.shards_changed,
-        "embedded": report.embedded,
-        "skipped": report.skipped,
-        "seconds": round(report.seconds, 3),
-    }
-
-
 async def _start_voice(voice: VoiceHub) -> None:
     """Load the speech models in their worker processes; voice sessions wait for it."""
     try:
@@ -547,292 +520,11 @@ async def _start_voice(voice: VoiceHub) -> None:
         log.error("speech did not start: %s", exc)
 
 
-async def _warm(gateway: Gateway) -> None:
-    try:
-        seconds = await gateway.warmup([])
-        log.info("warmed up in %.2f s", seconds)
-    except (MythicError, TimeoutError):
-        log.exception("warm-up failed; /readyz stays 503 until POST /v1/warmup succeeds")
-        return
-    # Then, in the background of a ready server, the first NPCs' prompts (server.warm_npcs),
-    # behind every player's request.
-    npcs = sorted(gateway.world.npcs)[: gateway.settings.server.warm_npcs]
-    if not npcs:
-        return
-    started = time.perf_counter()
-    try:
-        await gateway.warm_npcs(npcs, Priority.BRONZE)
-    except (MythicError, TimeoutError) as exc:
-        log.warning("warming the NPCs' prompts stopped: %s", exc)
-        return
-    log.info("warmed %d NPCs' prompts in %.2f s", len(npcs), time.perf_counter() - started)
+def token_counter(engine: Engine) -> Callable[[str], int]:
+    """Tokens of a text in the engine's model: the budgets of context packing."""
+    backend = engine.backend
 
+    def count(text: str) -> int:
+        return len(backend.tokenize(text, add_special=False, parse_special=False)) if text else 0
 
-def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
-    """The FastAPI app of `gateway`. With `warm`, the engines are warmed at startup and
-    `/readyz` turns 200 when that is done."""
-    from mythic.server._metrics import render_metrics
-    from mythic.server._socket import Connection
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if gateway.memory is not None:
-            await gateway.memory.start()
-        gateway.router.start()
-        try:
-            if gateway.chains is not None:
-                await _read_chains(gateway.chains)
-            async with asyncio.TaskGroup() as tasks:
-                jobs = gateway.start_jobs(tasks)
-                reaper = tasks.create_task(gateway.reap())
-                warming = tasks.create_task(_warm(gateway)) if warm else None
-                voice = gateway.voice
-                hearing = tasks.create_task(_start_voice(voice)) if voice is not None else None
-                watcher = (
-                    tasks.create_task(gateway.watch_world())
-                    if gateway.settings.knowledge.watch
-                    else None
-                )
-                refresh_s = gateway.settings.archetypes.refresh_s
-                following = (
-                    tasks.create_task(gateway.chains.follow(refresh_s))
-                    if gateway.chains is not None and refresh_s > 0
-                    else None
-                )
-                provisioning = (
-                    tasks.create_task(gateway.provisioner.run())
-                    if gateway.provisioner is not None
-                    else None
-                )
-                try:
-                    yield
-                finally:
-                    for task in jobs:
-                        task.cancel()
-                    reaper.cancel()
-                    if watcher is not None:
-                        watcher.cancel()
-                    if warming is not None:
-                        warming.cancel()
-                    if hearing is not None:
-                        hearing.cancel()
-                    if following is not None:
-                        following.cancel()
-                    if provisioning is not None:
-                        provisioning.cancel()
-                    await gateway.cast.aclose()
-                    if voice is not None:
-                        await voice.aclose()
-        finally:
-            if gateway.chains is not None:
-                await gateway.chains.aclose()
-            if gateway.jobs is not None:
-                await gateway.jobs.aclose()
-            await gateway.router.aclose()
-            if gateway.memory is not None:
-                await gateway.memory.aclose()
-
-    app = FastAPI(
-        title="Mythic",
-        summary="NPCs that talk, remember and act: the v1 protocol over WebSocket and HTTP.",
-        lifespan=lifespan,
-    )
-    app.state.gateway = gateway
-
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        """The process is up."""
-        return {"status": "ok", "uptime_s": round(time.monotonic() - gateway.started, 1)}
-
-    @app.get("/readyz")
-    async def readyz() -> JSONResponse:
-        """200 once the model is loaded and warmed (and the speech models, when speech is
-        on), 503 before."""
-        engine = gateway.engine
-        voice = gateway.voice
-        ready = gateway.ready and (voice is None or voice.ready)
-        body = {
-            "ready": ready,
-            "model": engine.backend.name if engine is not None else None,
-            "tiers": {name: tier.endpoints for name, tier in gateway.router.route.tiers.items()},
-            "speech": None if voice is None else {"ready": voice.ready, **voice.tts.engines},
-        }
-        return JSONResponse(body, status_code=200 if ready else 503)
-
-    @app.post("/v1/warmup")
-    async def warmup(body: WarmupRequest | None = None) -> dict[str, Any]:
-        """Warm the engines, and the persona prompts of `npcs`."""
-        npcs = body.npcs if body else []
-        for npc_id in npcs:
-            _known(npc_id)
-        seconds = await gateway.warmup(npcs)
-        return {"ready": True, "seconds": round(seconds, 3), "npcs": npcs}
-
-    @app.get("/v1/npcs")
-    async def npcs() -> dict[str, Any]:
-        """Every NPC of the world, with its dialogue state."""
-        return {"npcs": [gateway.npc_status(npc_id) for npc_id in sorted(gateway.world.npcs)]}
-
-    def _known(npc_id: str) -> None:
-        if npc_id not in gateway.world.npcs:
-            raise HTTPException(404, f"no NPC {npc_id!r} in world {gateway.world.name!r}")
-
-    @app.get("/v1/npcs/{npc_id}")
-    async def npc(npc_id: str) -> dict[str, Any]:
-        """One NPC's state: dialogue state, sessions, scene, last intent and turn."""
-        _known(npc_id)
-        return gateway.npc_status(npc_id)
-
-    @app.post("/v1/npcs/{npc_id}/say")
-    async def say(npc_id: str, body: SayRequest) -> SayReply:
-        """Say one line to an NPC and get the whole reply (no streaming, no tools)."""
-        _known(npc_id)
-        try:
-            return await gateway.say(npc_id, body)
-        except UnknownNPCError as exc:
-            raise HTTPException(404, exc.message) from None
-        except MailboxFullError as exc:
-            raise HTTPException(429, exc.message) from None
-        except TimeoutError:
-            raise HTTPException(504, "the NPC did not finish its reply in 120 s") from None
-
-    @app.post("/v1/world/reload")
-    async def world_reload() -> dict[str, Any]:
-        """Reload the world's cards and lore from disk; the next turn of every NPC uses them.
-        Broken cards: 422 with every problem, and the old world stays in play. Lore files
-        that cannot be used are listed in `skipped` and left out."""
-        try:
-            return await gateway.reload_world()
-        except WorldLoadError as exc:
-            problems = [str(p) for p in exc.problems]
-            raise HTTPException(422, {"message": exc.message, "problems": problems}) from None
-        except ToolArgumentError as exc:
-            raise HTTPException(422, {"message": exc.message, "problems": [exc.message]}) from None
-
-    @app.get("/v1/world")
-    async def world_status() -> dict[str, Any]:
-        """The world in play: its NPCs, zones, indexed chunks and skipped lore files."""
-        knowledge = gateway.knowledge
-        return {
-            "name": gateway.world.name,
-            "path": str(gateway.world.path),
-            "npcs": sorted(gateway.world.npcs),
-            "zones": sorted(gateway.world.card.zones),
-            "lore_documents": len(gateway.world.lore),
-            "chunks": knowledge.chunks,
-            "generation": knowledge.generation,
-            "retrieval": knowledge.settings.retrieval,
-            "skipped": [str(p) for p in gateway.world.skipped],
-            "last_reload_error": knowledge.stats.last_reload_error,
-        }
-
-    def _memory() -> Memory:
-        if gateway.memory is None:
-            raise HTTPException(404, "memory is off on this server (memory.enabled: false)")
-        return gateway.memory
-
-    @app.get("/v1/memory/{player_id}")
-    async def memory_show(player_id: str) -> dict[str, Any]:
-        """Everything the NPCs remember of a player, per tier (hot, warm, cold)."""
-        try:
-            return await _memory().show(player_id)
-        except MemoryStoreError as exc:
-            raise HTTPException(503, exc.message) from None
-
-    @app.delete("/v1/memory/{player_id}")
-    async def memory_forget(player_id: str) -> dict[str, Any]:
-        """Delete everything about a player in every tier."""
-        try:
-            return {"player_id": player_id, "deleted": await _memory().forget(player_id)}
-        except MemoryStoreError as exc:
-            raise HTTPException(503, exc.message) from None
-
-    @app.put("/v1/npcs/{npc_id}/memory/{player_id}/cards/{name}")
-    async def memory_card(
-        npc_id: str, player_id: str, name: str, card: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Replace the relationship or quest card an NPC keeps of a player (≤ 2 KB: the
-        oldest list entries are trimmed to fit; malformed cards get 422)."""
-        _known(npc_id)
-        try:
-            stored = _memory().set_card(npc_id, player_id, card, name=name)
-        except CardError as exc:
-            raise HTTPException(422, exc.message) from None
-        return {"npc_id": npc_id, "player_id": player_id, "name": name, **stored.model_dump()}
-
-    def _jobs() -> JobQueue:
-        if gateway.jobs is None:
-            raise HTTPException(404, "bronze jobs are off on this server")
-        return gateway.jobs
-
-    @app.post("/v1/jobs", status_code=202)
-    async def jobs_submit(body: JobRequest) -> dict[str, Any]:
-        """Queue a bronze job: `lore` (worldbuilding), `quest` (storyteller) or `summary`.
-        The same `job_id` again returns the job already queued."""
-        _jobs()
-        try:
-            return await gateway.submit_job(body.kind, body.payload, body.job_id)
-        except JobError as exc:
-            raise HTTPException(422, exc.message) from None
-        except JobStoreError as exc:
-            raise HTTPException(503, exc.message) from None
-
-    @app.get("/v1/jobs")
-    async def jobs_list(status: JobStatusName | None = None, limit: int = 100) -> dict[str, Any]:
-        """Jobs, newest first; `status=dead` is the dead-letter list."""
-        try:
-            found = await _jobs().list(status, limit=max(1, min(limit, 1000)))
-        except JobStoreError as exc:
-            raise HTTPException(503, exc.message) from None
-        return {"jobs": [gateway.job_status(job, None) for job in found]}
-
-    @app.get("/v1/jobs/{job_id}")
-    async def jobs_show(job_id: str) -> dict[str, Any]:
-        """One job, its artifact, and whether the NPCs know it yet (`applied`)."""
-        try:
-            found = await _jobs().get(job_id)
-        except JobStoreError as exc:
-            raise HTTPException(503, exc.message) from None
-        if found is None:
-            raise HTTPException(404, f"no job {job_id!r}")
-        return gateway.job_status(*found)
-
-    @app.get("/v1/usage")
-    async def usage() -> dict[str, Any]:
-        """Requests, tokens and model time per tier and per NPC since the server started."""
-        return gateway.router.usage.summary()
-
-    @app.get("/v1/route")
-    async def route() -> dict[str, Any]:
-        """Tiers and endpoints: health, breaker state, requests in flight."""
-        router = gateway.router
-        return {
-            "tiers": {name: tier.model_dump() for name, tier in router.route.tiers.items()},
-            "endpoints": {
-                name: {
-                    "kind": state.endpoint.kind,
-                    "model": state.endpoint.settings.model,
-                    "url": state.endpoint.settings.url,
-                    "healthy": state.endpoint.healthy,
-                    "breaker": state.breaker.state.value,
-                    "outstanding": state.endpoint.outstanding,
-                    "requests": state.requests,
-                    "failures": state.failures,
-                }
-                for name, state in router.states.items()
-            },
-        }
-
-    @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
-        """Prometheus text exposition."""
-        text, content_type = render_metrics(gateway)
-        return PlainTextResponse(text, media_type=content_type)
-
-    @app.websocket("/v1/ws")
-    async def websocket(ws: WebSocket) -> None:
-        """The v1 protocol: SessionStart first, then any client message for any NPC."""
-        await ws.accept()
-        await Connection(gateway, ws).serve()
-
-    return app
+    return count

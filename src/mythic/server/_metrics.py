@@ -12,6 +12,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from mythic.route import BreakerState
+from mythic.voice import HOPS
 
 if TYPE_CHECKING:
     from mythic.archetypes import ChainRouter
@@ -218,21 +219,21 @@ def _route_metrics(g: Gateway) -> Iterator[Metric]:
     for (tier, to), n in sorted(router.fallbacks.items()):
         fallbacks.add_metric([tier, to], n)
     yield fallbacks
-    if g.workers:
+    if g.jobs is not None and g.jobs.workers:
         jobs = CounterMetricFamily(
             "mythic_jobs", "bronze job attempts in this server, by outcome", labels=["outcome"]
         )
         totals: Counter[str] = Counter()
-        for worker in g.workers:
+        for worker in g.jobs.workers:
             totals.update(worker.counts)
         for outcome, n in sorted(totals.items()):
             jobs.add_metric([outcome], n)
         yield jobs
-    if g.follower is not None:
+    if g.jobs is not None:
         yield GaugeMetricFamily(
             "mythic_jobs_artifacts_applied",
             "bronze artifacts in the NPCs' knowledge",
-            value=len(g.follower.applied),
+            value=len(g.jobs.follower.applied),
         )
 
 
@@ -371,7 +372,6 @@ def _knowledge_metrics(g: Gateway) -> Iterator[Metric]:
 
 
 def _voice_metrics(g: Gateway) -> Iterator[Metric]:
-    from mythic.server._voice import HOPS
 
     assert g.voice is not None
     stats = g.voice.stats

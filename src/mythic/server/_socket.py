@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
 
+from fastapi import APIRouter
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from mythic._errors import MythicError
@@ -35,10 +35,9 @@ from mythic.contracts import (
     parse_client_message,
 )
 from mythic.dialogue import MailboxFullError, UnknownCallError, UnknownNPCError
+from mythic.server._app import Gateway
 from mythic.server._sessions import Session, SessionError
-
-if TYPE_CHECKING:
-    from mythic.server._app import Gateway
+from mythic.voice import VoiceError
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +65,19 @@ class _Bucket:
         return False
 
 
+socket_routes = APIRouter()
+
+
+@socket_routes.websocket("/v1/ws")
+async def websocket(ws: WebSocket) -> None:
+    """The v1 protocol: SessionStart first, then any client message for any NPC."""
+    await ws.accept()
+    await Connection(ws.app.state.gateway, ws).serve()
+
+
 class Connection:
-    """Serves one accepted WebSocket until it closes; owns its writer task."""
+    """Serves one accepted WebSocket until it closes; owns its writer task. The gateway's
+    `Link` to the session it serves."""
 
     def __init__(self, gateway: Gateway, ws: WebSocket) -> None:
         self.gateway = gateway
@@ -258,8 +268,6 @@ class Connection:
             )
 
     def _audio(self, session: Session, chunk: AudioChunk) -> None:
-        from mythic.server._voice import VoiceError
-
         voice = self.gateway.voice
         if voice is None:
             self._fail(
@@ -381,8 +389,16 @@ class Connection:
                 for message in pending:
                     await self.ws.send_text(dump_message(message))
 
-    def kick(self, code: int) -> None:
-        """Close this connection from elsewhere (session taken over, client too slow)."""
+    def taken_over(self) -> None:
+        """Another connection resumed this one's session."""
+        self.session = None
+        self._kick(TAKEN_OVER)
+
+    def too_slow(self) -> None:
+        """The client does not read fast enough: its session's outbox overflowed."""
+        self._kick(TRY_AGAIN_LATER)
+
+    def _kick(self, code: int) -> None:
         self._close_code = code
         if self._reader is not None:
             self._reader.cancel()

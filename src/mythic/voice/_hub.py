@@ -1,23 +1,5 @@
-"""Voice for the server's sessions: the player's speech in, the NPC's speech out.
-
-A session that opened with `SessionStart.voice` may stream microphone audio to an NPC
-(`AudioChunk`, JSON or binary frames). Per session and NPC a channel runs the audio through
-a `Listener` (Silero VAD endpointing, Whisper partials and final in worker processes): each
-partial goes out as `ASRPartial`, each final as `ASRFinal` and then as the player's line to
-the NPC, exactly as a typed `PlayerUtterance`. The NPC's reply comes back phrase by phrase
-(the cast's `ReplySink`); each phrase is synthesised in the NPC's voice (Piper or espeak-ng,
-worker processes) and sent as `TTSChunk`s of 40-80 ms with visemes, paced a little ahead of
-playback so a cut-off stops within a chunk.
-
-Barge-in: speech that starts while the NPC is audible pauses its audio (the NPC falls
-silent, as a person would); real words in a partial or the final cut the NPC off (`Cutoff`
-to the client, the engine request cancelled, the turn marked interrupted for the next one).
-A backchannel ("yeah", "mm-hm") or a false start (no words at all) resumes the NPC.
-
-Every voice turn carries a latency trace: the utterance's end (when its last speech sample
-arrived) -> ASR final -> first model token -> first TTS chunk -> first audio sent, logged
-and exposed on /metrics.
-"""
+"""The voice hub: per (session, NPC) a channel that hears the player, per reply a speech that
+speaks the NPC, and barge-in between them."""
 
 from __future__ import annotations
 
@@ -27,13 +9,13 @@ import logging
 import re
 import time
 import uuid
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mythic._errors import MythicError
 from mythic.contracts import (
+    MAX_TEXT_CHARS,
     ASRFinal,
     ASRPartial,
     AudioChunk,
@@ -44,7 +26,9 @@ from mythic.contracts import (
     Viseme,
     VoiceFormat,
 )
-from mythic.contracts._types import MAX_TEXT_CHARS
+from mythic.voice._audio import Decimator
+from mythic.voice._errors import VoiceError
+from mythic.voice._trace import VoiceStats, VoiceTrace
 
 if TYPE_CHECKING:
     from mythic.config import MythicSettings
@@ -71,98 +55,10 @@ BACKCHANNELS = frozenset(
 """Words that, alone (at most three of them), are a backchannel, not a bid for the turn."""
 
 
-class VoiceError(MythicError):
-    """Voice input the server refuses; `code` is the wire `Error` code."""
-
-    def __init__(self, code: str, message: str, *, fix: str | None = None) -> None:
-        super().__init__(message, fix=fix)
-        self.code = code
-
-
 def is_backchannel(text: str) -> bool:
     """Whether `text` is only a listener's acknowledgement ("yeah", "mm-hm", "I see")."""
     words = _WORD.findall(text.lower())
     return 0 < len(words) <= 3 and all(w in BACKCHANNELS for w in words)
-
-
-# -- audio ------------------------------------------------------------------------------------
-
-
-class Decimator:
-    """Integer-factor downsampling of PCM16 to 16 kHz with a windowed-sinc low-pass (63 taps,
-    cut at 7.2 kHz), keeping state across chunks so chunk edges leave no clicks."""
-
-    def __init__(self, rate: int, target: int = 16000) -> None:
-        import numpy as np
-
-        if rate % target:
-            raise ValueError(f"{rate} Hz is not a multiple of {target} Hz")
-        self.factor = rate // target
-        taps = 63
-        n = np.arange(taps) - (taps - 1) / 2
-        cutoff = 0.45 / self.factor  # of the input rate
-        kernel = 2 * cutoff * np.sinc(2 * cutoff * n) * np.hamming(taps)
-        self._kernel = (kernel / kernel.sum()).astype(np.float32)
-        self._history = np.zeros(taps - 1, dtype=np.float32)
-        self._phase = 0
-
-    def __call__(self, pcm: bytes) -> bytes:
-        import numpy as np
-
-        if self.factor == 1:
-            return pcm
-        samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32)
-        padded = np.concatenate((self._history, samples))
-        filtered = np.convolve(padded, self._kernel, mode="valid")
-        self._history = padded[-(len(self._kernel) - 1) :]
-        picked = filtered[self._phase :: self.factor]
-        self._phase = (self._phase - len(filtered)) % self.factor
-        return np.clip(np.rint(picked), -32768, 32767).astype("<i2").tobytes()
-
-
-# -- latency ----------------------------------------------------------------------------------
-
-
-HOPS = ("asr_final", "first_token", "first_tts", "first_audio")
-"""The hops of a voice turn's trace, each in seconds since the utterance ended."""
-
-
-@dataclass(slots=True)
-class VoiceTrace:
-    """When each step of a voice turn happened (`time.perf_counter()`)."""
-
-    utterance_end: float
-    asr_final: float | None = None
-    first_token: float | None = None
-    first_tts: float | None = None
-    first_audio: float | None = None
-
-    def hops(self) -> dict[str, float]:
-        """Seconds from the utterance's end to each step reached so far."""
-        marks = {h: getattr(self, h) for h in HOPS}
-        return {h: round(t - self.utterance_end, 4) for h, t in marks.items() if t is not None}
-
-
-@dataclass(slots=True)
-class VoiceStats:
-    """What the voice layer did since the server started."""
-
-    utterances: int = 0
-    """Finals with words that became a player line."""
-    no_words: int = 0
-    """Utterances with no words recognised (noise, a cough): ignored."""
-    backchannels: int = 0
-    """Backchannels heard while the NPC spoke: it went on."""
-    barge_ins: int = 0
-    """NPC speech cut off by the player's."""
-    false_interruptions: int = 0
-    """NPC speech paused by sound that turned out not to be words: resumed."""
-    chunks_sent: int = 0
-    """TTS chunks sent."""
-    errors: Counter[str] = field(default_factory=Counter)
-    """Voice errors by code (bad audio, ASR or TTS failures)."""
-    traces: deque[dict[str, float]] = field(default_factory=lambda: deque(maxlen=512))
-    """The hops of recent voice turns that reached their first audio."""
 
 
 # -- speaking ---------------------------------------------------------------------------------
@@ -596,9 +492,10 @@ class VoiceHub:
             " ".join(f"{hop} {ms * 1000:.0f} ms" for hop, ms in hops.items()),
         )
 
-    # -- the cast's ReplySink ---------------------------------------------------------------
+    # -- the gateway's ReplyObserver and the cast's ReplySink -------------------------------
 
-    def first_delta(self, session_id: str, turn_id: str) -> None:
+    def first_token(self, session_id: str, npc_id: str, turn_id: str) -> None:
+        """The reply to `turn_id` sent its first token: the trace's `first_token` hop."""
         trace = self._traces.get((session_id, turn_id))
         if trace is not None and trace.first_token is None:
             trace.first_token = time.perf_counter()
