@@ -100,19 +100,15 @@ class SummaryRow:
     file: str
 
 
+def _verdict(target: str, met: bool) -> str:
+    return f"{target}: {'met' if met else 'not met'}"
+
+
 def _engine_rows() -> Iterator[SummaryRow]:
+    # Not its throughput table: that baseline paid for the NPCs' first turns inside its timed
+    # region and the engine did not (issue 34), so the ratio overstates the engine until rerun.
     data = _load("engine_concurrency.json")
     qwen = next(r for r in data["results"] if r["model"].startswith("qwen2.5-coder-0.5b"))
-    n8 = next(t for t in qwen["throughput"] if t["n"] == 8)
-    base = qwen["baseline"]["tok_s"]
-    yield SummaryRow(
-        "tokens/s, 8 NPCs talking at once on one Qwen 0.5B",
-        f"{n8['tok_s']:.1f} tok/s",
-        f"{base:.1f} tok/s, one request at a time",
-        _x(n8["tok_s"] / base),
-        "-",
-        "engine_concurrency.json",
-    )
     gold = qwen["gold_ttft"]
     loaded = gold["under_load"]["8"]
     yield SummaryRow(
@@ -120,7 +116,7 @@ def _engine_rows() -> Iterator[SummaryRow]:
         _ms(loaded["p95_ms"]),
         f"{_ms(gold['idle_p95_ms'])} on an idle engine",
         _x(loaded["p95_ms"] / gold["idle_p95_ms"]),
-        "<= 2x",
+        _verdict("<= 2x", loaded["p95_ms"] <= 2 * gold["idle_p95_ms"]),
         "engine_concurrency.json",
     )
     follow = qwen["follow_up_ttft"]
@@ -138,12 +134,13 @@ def _server_rows() -> Iterator[SummaryRow]:
     data = _load("server_load.json")
     row = next(r for r in data["results"] if r["n"] == 8)
     server, direct = row["server"]["ttft_p50_ms"], row["direct"]["ttft_p50_ms"]
+    target = data["target"]["ttft_p50_ratio_at_8"]
     yield SummaryRow(
         "the server's overhead: time to first token p50, 8 conversations over WebSocket",
         _ms(server),
         f"{_ms(direct)} calling the engine directly",
         _x(server / direct),
-        f"<= {data['target']['ttft_p50_ratio_at_8']:.2f}x",
+        _verdict(f"<= {target:.2f}x", server / direct <= target),
         "server_load.json",
     )
 
@@ -159,7 +156,7 @@ def _memory_rows() -> Iterator[SummaryRow]:
         f"{on:,.0f} turns/s",
         f"{off:,.0f} turns/s with the archiver off",
         _x(ratio),
-        f"{target:.2f}x: " + ("met" if ratio >= target else "not met"),
+        _verdict(f">= {target:.2f}x", ratio >= target),
         "memory.json",
     )
 
@@ -169,12 +166,13 @@ def _retrieval_rows() -> Iterator[SummaryRow]:
     size = max(data["results"]["sizes"], key=lambda s: s["chunks"])
     modes = {r["mode"]: r for r in size["rows"]}
     hybrid, bm25 = modes["hybrid"]["ms"]["p95"], modes["bm25"]["ms"]["p95"]
+    budget = data["target"]["p95_ms"]
     yield SummaryRow(
         f"lore retrieval and packing p95, {size['chunks']:,} chunks (embeddings + BM25)",
         _ms(hybrid),
         f"{_ms(bm25)} BM25 alone",
         _x(hybrid / bm25),
-        f"< {_ms(data['target']['p95_ms'])}",
+        _verdict(f"< {_ms(budget)}", hybrid < budget),
         "retrieval.json",
     )
 
@@ -190,18 +188,19 @@ def _voice_rows() -> Iterator[SummaryRow]:
         _ms(on),
         f"{_ms(off)} with nothing prepared while the player speaks",
         _x(on / off),
-        "<= 800 ms: " + ("met" if on <= 800 else "not met"),
+        _verdict("<= 800 ms", on <= 800),
         "voice.json",
     )
     gpu = _load("voice_gpu_llama.json")
     one = next(r for r in gpu["results"] if r["speakers"] == 1)
     audio = one["client_ms"]["first_audio"]
+    device = gpu["device"].split(" (")[0]
     yield SummaryRow(
-        "voice: the same, dialogue model on a GPU (llama.cpp CUDA, H100), p50 / p99",
+        f"voice: the same, the dialogue model on a GPU ({device}, llama.cpp), p50 / p99",
         f"{_ms(audio['p50'])} / {_ms(audio['p99'])}",
         "none in that run",
         "-",
-        "<= 800 ms: " + ("met" if audio["p99"] <= 800 else "not met"),
+        _verdict("<= 800 ms", audio["p99"] <= 800),
         "voice_gpu_llama.json",
     )
 
@@ -220,11 +219,12 @@ def _frame_rows() -> Iterator[SummaryRow]:
 
     realtime, pinned = row("realtime"), row("pinned")
     yield SummaryRow(
-        f"game frames over {_ms(budget)} in 4,500, 1,000 NPCs, intents streaming from the model",
+        f"game frames over {_ms(budget)} in {data['seconds'] * data['fps']:,.0f}, "
+        f"{realtime['npcs']:,} NPCs, intents streaming from the model",
         f"{realtime['over_budget']:g} (p99 {_ms(realtime['frame_ms']['p99'])})",
         f"{pinned['over_budget']:g} without the real-time policy",
         "-",
-        "0: " + ("met" if realtime["over_budget"] == 0 else "not met"),
+        _verdict("0", realtime["over_budget"] == 0),
         "frame_realtime.json",
     )
 
