@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from mythic.archetypes._registry import (
+from mythic.archetypes import (
     AdapterInfo,
     AdapterTask,
     ArchetypeChain,

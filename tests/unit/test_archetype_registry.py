@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import os
 from datetime import datetime
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from mythic.archetypes._registry import (
+from mythic.archetypes import (
+    SERVED_TASKS,
     AdapterInfo,
     AdapterTask,
     ArchetypeChain,
@@ -182,6 +184,23 @@ async def test_yaml_round_trip(tmp_path: Path) -> None:
     assert await reloaded.get("werewolf") is None
     assert path.read_text().startswith("# Archetype chains")
     assert os.listdir(tmp_path) == ["archetypes.yaml"]  # no temporary file left behind
+
+
+async def test_a_task_nothing_serves_is_registered_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 34: of the seven tasks only two are trained and applied; the others are kept."""
+    assert {t for t in AdapterTask if t.served} == SERVED_TASKS
+    assert {AdapterTask.DIALOGUE_STYLE, AdapterTask.ACTION_POLICY} == SERVED_TASKS
+    registry = YamlRegistry(tmp_path / "archetypes.yaml")
+    with caplog.at_level(logging.WARNING, logger="mythic.archetypes"):
+        kept = await registry.register_adapter("ghoul", adapter("social_dynamics", 4))
+        await registry.register_adapter("ghoul", adapter("dialogue_style", 4))
+    assert await registry.adapter_for("ghoul", "social_dynamics") == kept
+    assert [r.getMessage() for r in caplog.records] == [
+        "ghoul social_dynamics v1 is registered but not served: Mythic applies only "
+        "action_policy and dialogue_style adapters"
+    ]
 
 
 async def test_versions_and_history(tmp_path: Path) -> None:

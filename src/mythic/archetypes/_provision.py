@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mythic.archetypes._registry import AdapterInfo, ArchetypeRegistry, TrainingData
+from mythic.archetypes._chain import AdapterInfo, TrainingData
+from mythic.archetypes._registry import ArchetypeRegistry
 from mythic.config import EngineSettings
 from mythic.engine import Engine, ResolvedModel
 from mythic.knowledge import World

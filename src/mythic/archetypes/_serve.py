@@ -21,17 +21,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from mythic.archetypes._registry import (
+from mythic.archetypes._chain import (
     DEFAULT_MAX_TOTAL_RANK,
     AdapterInfo,
     AdapterTask,
     ArchetypeChain,
-    ArchetypeRegistry,
     InvalidAdapterError,
     RankBudgetError,
     RegistryError,
-    YamlRegistry,
 )
+from mythic.archetypes._registry import ArchetypeRegistry, YamlRegistry
 from mythic.engine import AdapterError, EngineError, ResidentAdapters
 
 log = logging.getLogger(__name__)

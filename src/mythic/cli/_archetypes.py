@@ -23,7 +23,7 @@ from mythic.cli._options import (
 )
 
 if TYPE_CHECKING:
-    from mythic.archetypes._registry import AdapterInfo, ArchetypeChain, ArchetypeRegistry
+    from mythic.archetypes import AdapterInfo, ArchetypeChain, ArchetypeRegistry
 
 
 __all__ = ["archetypes_app"]
@@ -59,7 +59,7 @@ def _with_registry(
     prefix: str,
     work: Callable[[ArchetypeRegistry], Awaitable[T]],
 ) -> T:
-    from mythic.archetypes._registry import REGISTRY_FILE, RegistryError, open_registry
+    from mythic.archetypes import REGISTRY_FILE, RegistryError, open_registry
 
     if registry is None:
         if not world.is_dir():
@@ -140,7 +140,7 @@ def archetypes_show(
     as_json: JsonOption = False,
 ) -> None:
     """One archetype chain: its profiles and the adapter of each task."""
-    from mythic.archetypes._registry import AdapterTask
+    from mythic.archetypes import AdapterTask
 
     async def work(store: ArchetypeRegistry) -> tuple[ArchetypeChain, dict[str, list[AdapterInfo]]]:
         chain = await store.require(archetype)
@@ -196,7 +196,7 @@ def _metric(text: str) -> tuple[str, float]:
 
 def _stored_path(path: Path, store: ArchetypeRegistry) -> str:
     """How the registry records `path`: relative to a registry file's folder when inside it."""
-    from mythic.archetypes._registry import YamlRegistry
+    from mythic.archetypes import YamlRegistry
 
     absolute = path.expanduser().absolute()
     if isinstance(store, YamlRegistry):
@@ -220,7 +220,7 @@ def _adapter_info(
 ) -> tuple[AdapterInfo, str | None]:
     """The record of the adapter at `path`, read from its files where they are here; and a
     note for the user, if any."""
-    from mythic.archetypes._registry import (
+    from mythic.archetypes import (
         AdapterInfo,
         InvalidAdapterError,
         inspect_adapter,
@@ -333,7 +333,7 @@ def archetypes_register(
     if (task is None) != (path is None):
         err.print("error: --task and --path go together", style="bold red")
         raise typer.Exit(2)
-    from mythic.archetypes._registry import AdapterTask
+    from mythic.archetypes import AdapterTask
 
     tasks = [t.value for t in AdapterTask]
     if task is not None and task not in tasks:
