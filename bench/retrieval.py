@@ -54,8 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from _results import fmt, latency, pct, ratio, write_results
-from mythic.config import KnowledgeSettings
-from mythic.config._settings import default_cache_dir
+from mythic.config import KnowledgeSettings, default_cache_dir
 from mythic.knowledge import (
     Knowledge,
     LoreDoc,

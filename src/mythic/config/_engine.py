@@ -1,0 +1,121 @@
+"""`engine`: the embedded model runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from mythic.config._paths import default_cache_dir
+from mythic.config._section import Section
+
+
+class EngineSettings(Section):
+    """The embedded model runtime."""
+
+    models_dir: Path = Field(default_factory=lambda: default_cache_dir() / "models")
+    """Where packaged models are assembled and their verification records kept."""
+
+    dialogue_model: str = "qwen2.5-coder-0.5b-instruct"
+    """Model for NPC dialogue: a packaged model name (`mythic models list`) or a path to a GGUF."""
+
+    intent_model: str = "smollm2-135m-instruct"
+    """The gold tier's model: intents and barks for the game's controllers, a few constrained
+    tokens at frame-rate budgets. A packaged model name or a path to a GGUF; the same model as
+    `dialogue_model` shares one engine, where gold requests preempt dialogue. The per-line
+    decision (intent and game tool) is silver's: it calls tools, and SmolLM2-135M classified
+    almost every player line as `navigation` where the 0.5B model classifies them sensibly."""
+
+    bronze_model: str = "auto"
+    """The bronze tier's model (storyteller, worldbuilding, summaries): a packaged model name,
+    a path to a GGUF, or `auto`: the largest packaged model that is fetched and has a chat
+    template (`mythic models fetch qwen2.5-coder-1.5b-instruct` adds a bigger one)."""
+
+    chat_format: Literal["chatml", "llama-3", "gemma"] | None = None
+    """Chat template for a GGUF path whose template is not recognised (chatml, llama-3, gemma)."""
+
+    n_ctx: int = Field(default=2048, ge=256, le=131072)
+    """Context window of one NPC sequence, in tokens; capped at the model's own. KV memory for
+    `n_ctx * max_sequences` cells is reserved at load."""
+
+    n_threads: int | None = Field(default=None, ge=1)
+    """CPU threads for generation; default: all cores."""
+
+    n_gpu_layers: int = Field(default=0, ge=-1)
+    """Layers to offload to a GPU in CUDA/Metal builds of llama.cpp (-1: all)."""
+
+    seed: int = Field(default=-1, ge=-1)
+    """Sampling seed; -1 picks a random one."""
+
+    max_sequences: int = Field(default=32, ge=2, le=256)
+    """Sequences held in the shared KV memory: active NPC sessions plus cached prefixes."""
+
+    n_batch: int = Field(default=512, ge=32, le=8192)
+    """Tokens evaluated per model step, all sequences together."""
+
+    prefill_chunk: int = Field(default=64, ge=1)
+    """Prompt tokens a non-gold request evaluates per step, so long prompts cannot stall
+    the other streams."""
+
+    prefill_beside_gold: int = Field(default=16, ge=1)
+    """Prompt tokens of other requests, all together, that a step advancing a gold request
+    (the per-line decision, intents) also evaluates: a gold token waits for its whole step.
+    Smaller: gold is faster and other prompts slower while it runs (`bench/decision.py`)."""
+
+    burst_tokens: int = Field(default=48, ge=1)
+    """Tokens an NPC generates per turn before it competes for its batch slot again."""
+
+    max_waiting: int = Field(default=256, ge=1)
+    """Requests queued for admission; one more is refused with `Overloaded`."""
+
+    overflow: Literal["error", "truncate"] = "error"
+    """A prompt longer than the context: `error` refuses it with `ContextOverflowError`;
+    `truncate` drops the oldest non-system messages (or the start of a raw prompt)."""
+
+    prefix_min_tokens: int = Field(default=32, ge=1)
+    """Shortest system prefix worth caching and sharing between NPCs' sequences."""
+
+    shift_min_tokens: int = Field(default=32, ge=0)
+    """A session's prompt that leaves out a stretch of the one it cached (its window moved
+    past the oldest exchanges) and then goes on as that one did for at least this many
+    tokens keeps the cached tokens after the stretch: they are moved down in place (their
+    keys rotated, llama.cpp's context shift) rather than evaluated again, so a window move
+    costs a few tokens instead of the whole conversation kept. They were evaluated with the
+    dropped exchanges in view, which a fresh evaluation would not have: replies differ a
+    little from one after a full evaluation. 0: off (evaluate them again)."""
+
+    batch_invariant: bool = True
+    """Make each NPC's output independent of which other NPCs share its batch (greedy replies
+    are then reproducible), at some cost in speed; off lets llama.cpp use its fastest kernels."""
+
+    grammar_check_first: bool = True
+    """A greedy request with a JSON schema or grammar (the per-line decision, intents): pick
+    the most likely token, then ask the grammar whether it may come next, and match the whole
+    vocabulary against it only when neither it nor the next most likely tokens may. The
+    tokens are the same either way; off, llama.cpp matches all of a 152k vocabulary at every
+    token (`bench/decision.py` measures both)."""
+
+    gold_preempts: bool = True
+    """A gold request (the player's current partner, intents) stops a model step already
+    running for other NPCs, runs first, and the stopped step is redone. Gold then never waits
+    for a whole step; the redone step costs the others a little time, and at a near-tie a
+    redone step can pick another token than it would have."""
+
+    adapters: dict[str, Path] = Field(default_factory=dict)
+    """LoRA adapters to load at start, by the name requests use: {vampire: path}. GGUF LoRA
+    files for llama.cpp; PEFT adapter directories for the transformers backend."""
+
+    adapter_budget_mb: int = Field(default=512, ge=1, le=1048576)
+    """Memory for the archetype adapters each engine loads on demand (their size on disk);
+    past it, the least recently used adapter that no request is using is unloaded. Those
+    under `adapters` are loaded at start and not counted."""
+
+    backend: Literal["llama.cpp", "transformers"] = "llama.cpp"
+    """The model runtime. `llama.cpp`: quantised GGUF, fast on CPU, constrained decoding.
+    `transformers`: PyTorch + PEFT (the `train` extra), the GGUF's weights dequantised; mixes
+    LoRA adapters within one batch and runs on a GPU when there is one; no constrained
+    decoding (route intents, barks and tool decisions to a llama.cpp engine)."""
+
+    device: str = "auto"
+    """The transformers backend's torch device: `auto` (CUDA when present), `cpu`, `cuda:0`."""

@@ -1,0 +1,130 @@
+"""`MythicSettings`: every section together, and the routes they imply."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import Any
+
+from pydantic import Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from mythic.config._archetypes import ArchetypeSettings
+from mythic.config._chat import ChatSettings
+from mythic.config._dialogue import DialogueSettings
+from mythic.config._engine import EngineSettings
+from mythic.config._jobs import JobSettings
+from mythic.config._knowledge import KnowledgeSettings
+from mythic.config._memory import MemorySettings
+from mythic.config._route import (
+    EndpointSettings,
+    RouteRule,
+    RouteSettings,
+    TierSettings,
+    check_route,
+)
+from mythic.config._server import ServerSettings
+from mythic.config._speech import SpeechSettings
+from mythic.config._world import WorldSettings
+
+# The YAML file's values while `load_settings` builds the settings: they rank below the
+# environment, which a plain init argument would not.
+file_values: ContextVar[dict[str, Any] | None] = ContextVar("mythic_file_values", default=None)
+
+
+class MythicSettings(BaseSettings):
+    """All of Mythic's settings, one section per subsystem."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MYTHIC_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    """The embedded model runtime."""
+    chat: ChatSettings = Field(default_factory=ChatSettings)
+    """Sampling and history of a conversation with one NPC."""
+    dialogue: DialogueSettings = Field(default_factory=DialogueSettings)
+    """NPC actors: turns, intents and tool calls."""
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    """`mythic serve`: the WebSocket and HTTP gateway."""
+    world: WorldSettings = Field(default_factory=WorldSettings)
+    """The world a server or chat loads."""
+    memory: MemorySettings = Field(default_factory=MemorySettings)
+    """What NPCs remember of players: hot, warm and cold tiers."""
+    knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
+    """What NPCs know at each turn, packed into prompt sections."""
+    route: RouteSettings = Field(default_factory=RouteSettings)
+    """Tiers, endpoints and routing rules."""
+    jobs: JobSettings = Field(default_factory=JobSettings)
+    """Bronze jobs on a durable queue."""
+    speech: SpeechSettings = Field(default_factory=SpeechSettings)
+    """Speech in and out, and their worker processes."""
+    archetypes: ArchetypeSettings = Field(default_factory=ArchetypeSettings)
+    """Archetype chains: which adapters serve each archetype's NPCs."""
+
+    @model_validator(mode="after")
+    def _route_consistent(self) -> MythicSettings:
+        check_route(effective_route(self))
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        file_settings = InitSettingsSource(settings_cls, init_kwargs=file_values.get() or {})
+        return (init_settings, env_settings, file_settings)
+
+
+DEFAULT_KIND_TIERS: dict[str, str] = {
+    "intent": "gold",
+    "bark": "gold",
+    "tool_decision": "silver",
+    "dialogue": "silver",
+    "tool_dialogue": "silver",
+    "summary": "bronze",
+    "story": "bronze",
+    "lore_gen": "bronze",
+    "quest": "bronze",
+}
+
+
+def effective_route(settings: MythicSettings) -> RouteSettings:
+    """The route settings with the embedded defaults filled in: an endpoint per engine model
+    and the gold, silver and bronze tiers, unless configured."""
+    route = settings.route
+    engine = settings.engine
+    endpoints = {
+        "embedded-gold": EndpointSettings(model=engine.intent_model),
+        "embedded-silver": EndpointSettings(model=engine.dialogue_model),
+        "embedded-bronze": EndpointSettings(model=engine.bronze_model),
+    }
+    tiers = {
+        "gold": TierSettings(
+            endpoints=["embedded-gold"], max_batch=64, max_tokens=64, retrieval=False
+        ),
+        "silver": TierSettings(endpoints=["embedded-silver"], tools=True),
+        "bronze": TierSettings(
+            endpoints=["embedded-bronze"], fallback=["embedded-silver"], max_batch=4
+        ),
+    }
+    endpoints.update(route.endpoints)
+    tiers.update(route.tiers)
+    used = {name for tier in tiers.values() for name in (*tier.endpoints, *tier.fallback)}
+    endpoints = {k: v for k, v in endpoints.items() if k in used or k in route.endpoints}
+    rules = [
+        *route.rules,
+        *(RouteRule(tier=t, kinds=[k]) for k, t in DEFAULT_KIND_TIERS.items()),
+    ]
+    return route.model_copy(update={"endpoints": endpoints, "tiers": tiers, "rules": rules})
