@@ -10,9 +10,7 @@ from pathlib import Path
 
 from mythic.cli._quality._probe import Probe, relative_source
 from mythic.cli._quality._templates import NUMBER_WORDS, SCORECARD, Templates
-from mythic.dialogue import (
-    sentences,
-)
+from mythic.dialogue import sentences
 from mythic.knowledge import LoreDoc
 
 _ORDINALS = {

@@ -37,13 +37,7 @@ from mythic.cli._quality._situations import (
 )
 from mythic.cli._quality._taboos import taboo_probes
 from mythic.cli._quality._templates import CHECKS, DEFAULT_MAX_WORDS, SCORECARD, Templates
-from mythic.dialogue import (
-    name_forms,
-    narrates_self,
-    normalise,
-    sentences,
-    world_words,
-)
+from mythic.dialogue import name_forms, narrates_self, normalise, sentences, world_words
 from mythic.knowledge import Persona, World, WorldLoadError, load_world, persona_prompt
 
 

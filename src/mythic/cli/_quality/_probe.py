@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mythic.cli._quality._templates import PROMPT_ECHO_WORDS
-from mythic.dialogue import (
-    normalise,
-)
+from mythic.dialogue import normalise
 from mythic.knowledge import Persona, World
 
 

@@ -8,9 +8,7 @@ from mythic.cli._eval import StyleProbe
 from mythic.cli._quality._lore import PRICE_HEADER, LoreTable, label_of, value_column
 from mythic.cli._quality._probe import NotChecked, NPCPlan, Plan, Probe, interleave
 from mythic.cli._quality._templates import SCORECARD, Templates
-from mythic.dialogue import (
-    npc_tools,
-)
+from mythic.dialogue import npc_tools
 from mythic.knowledge import Persona, World
 
 

@@ -8,10 +8,7 @@ from collections.abc import Sequence
 from mythic.cli._eval import StyleProbe
 from mythic.cli._quality._probe import NotChecked, Plan, Probe, interleave
 from mythic.cli._quality._templates import SCORECARD, YES, Templates
-from mythic.dialogue import (
-    Secret,
-    secrets_of,
-)
+from mythic.dialogue import Secret, secrets_of
 from mythic.knowledge import Persona
 
 _PRONOUN = {
