@@ -82,7 +82,7 @@ async def decide_alone(cast: Cast, tag: str) -> list[float]:
     for i, question in enumerate(QUESTIONS):
         actor = cast.actor(NPCS[i % len(NPCS)])
         start = time.perf_counter()
-        decision = await actor._decide(_line(f"{tag}-alone-{i}", i, question))
+        decision = await actor.decider.decide(_line(f"{tag}-alone-{i}", i, question))
         times.append(time.perf_counter() - start)
         if decision is None:
             raise SystemExit(f"the decision for {question!r} failed: see the log")
@@ -117,7 +117,7 @@ async def beside_replies(cast: Cast, engine: Engine, world: Any, tag: str) -> di
         times = []
         for i in range(start, len(QUESTIONS), len(NPCS)):
             began = time.perf_counter()
-            await cast.actor(npc)._decide(_line(f"{tag}-beside-{npc}", i, QUESTIONS[i]))
+            await cast.actor(npc).decider.decide(_line(f"{tag}-beside-{npc}", i, QUESTIONS[i]))
             times.append(time.perf_counter() - began)
         return times
 

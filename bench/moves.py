@@ -57,7 +57,9 @@ async def judge(cast: Cast, tag: str) -> tuple[dict[str, int], list[float]]:
     actor = cast.actor(NPC)
     for i, (move, line) in enumerate((m, t) for m, lines in UNSEEN.items() for t in lines):
         start = time.perf_counter()
-        decision = await actor._decide(PlayerLine(f"{tag}-{i}", f"t{i}", line, time.perf_counter()))
+        decision = await actor.decider.decide(
+            PlayerLine(f"{tag}-{i}", f"t{i}", line, time.perf_counter())
+        )
         times.append(time.perf_counter() - start)
         intent = decision.intent if decision else None
         acts = decision is not None and decision.tool is not None

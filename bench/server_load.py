@@ -59,8 +59,7 @@ from mythic import MythicError  # noqa: E402
 from mythic.client import MythicClient  # noqa: E402
 from mythic.config import MythicSettings, load_settings  # noqa: E402
 from mythic.contracts import Error, LLMStreamDelta  # noqa: E402
-from mythic.dialogue import Scene, persona_prompt  # noqa: E402
-from mythic.dialogue._conversation import chat_sampling  # noqa: E402
+from mythic.dialogue import Scene, chat_sampling, persona_prompt  # noqa: E402
 from mythic.engine import ChatMessage, Engine, GenerationRequest, Priority  # noqa: E402
 from mythic.knowledge import World, load_world  # noqa: E402
 from mythic.server import Gateway, serving  # noqa: E402

@@ -34,7 +34,7 @@ from mythic.contracts import (
     parse_server_message,
 )
 from mythic.dialogue import INTERRUPTED_NOTE, ReplySink
-from mythic.dialogue._actor import Decision
+from mythic.dialogue._decision import Decision
 from mythic.dialogue._events import PlayerLine, PrepareLine
 from mythic.engine import ChatMessage, Engine
 from mythic.knowledge import ANSWER_NOTE, Query, load_world
@@ -196,7 +196,7 @@ async def test_a_question_is_told_the_lore_line_that_answers_it_after_it(
         address, gateway = served
         actor = gateway.cast.actor("marla")
         prompts: list[tuple[ChatMessage, ...]] = []
-        generate = actor._generate
+        generate = actor.turns.generate
 
         def watched(
             out: Any, history: list[ChatMessage], *tail: ChatMessage, **kw: Any
@@ -204,7 +204,7 @@ async def test_a_question_is_told_the_lore_line_that_answers_it_after_it(
             prompts.append(tail)
             return generate(out, history, *tail, **kw)
 
-        actor._generate = watched  # type: ignore[method-assign]
+        actor.turns.generate = watched  # type: ignore[method-assign]
         async with MythicClient(f"ws://{address}/v1/ws") as client, asyncio.timeout(180):
             greeting = await client.say("marla", "Good evening!")
             await greeting.reply()
@@ -231,13 +231,13 @@ async def test_the_decision_starts_once_the_replys_first_phrase_is_out(
     actor = gateway.cast.actor("marla")
     stats = gateway.cast.stats
     phrases_then: list[int] = []
-    decide = actor._decide
+    decide = actor.decider.decide
 
     def watched(line: PlayerLine) -> Coroutine[Any, Any, Decision | None]:
         phrases_then.append(stats.phrases)  # when the task is created, not when it runs
         return decide(line)
 
-    actor._decide = watched  # type: ignore[method-assign]
+    actor.decider.decide = watched  # type: ignore[method-assign]
     async with MythicClient(f"ws://{address}/v1/ws") as client:
         before = stats.phrases
         async with asyncio.timeout(120):
@@ -259,14 +259,14 @@ async def test_a_reply_frees_its_speaking_slot_while_its_decision_runs(
     ) as (address, gateway):
         marla = gateway.cast.actor("marla")
         deciding, go_on = asyncio.Event(), asyncio.Event()
-        decide = marla._decide
+        decide = marla.decider.decide
 
         async def held(line: PlayerLine) -> Decision | None:
             deciding.set()
             await go_on.wait()
             return await decide(line)
 
-        marla._decide = held  # type: ignore[method-assign]
+        marla.decider.decide = held  # type: ignore[method-assign]
         async with (
             MythicClient(f"ws://{address}/v1/ws") as first,
             MythicClient(f"ws://{address}/v1/ws") as second,
@@ -826,17 +826,18 @@ async def test_a_line_prepared_while_the_player_speaks_starts_from_its_kv(
         gateway.cast.prepare("http.warm", "marla", "Where can")
         gateway.cast.prepare("http.warm", "marla", partial)  # the newest partial wins
         await until(lambda: actor.warm_ups >= 1 and actor.state.name == "IDLE")
-        await until(lambda: actor._warm_task is None or actor._warm_task.done())
+        await until(lambda: actor.prefill.task is None or actor.prefill.task.done())
         warm_ups = actor.warm_ups
         gateway.cast.prepare("http.warm", "marla", partial)  # prepared already: no request
-        await until(lambda: actor._warm_task is None or actor._warm_task.done())
+        await until(lambda: actor.prefill.task is None or actor.prefill.task.done())
         assert actor.warm_ups == warm_ups
         warm = await evaluated(lambda: say("warm"))
         told = "\n".join(m.content for m in actor.histories["http.warm"] if m.role == "system")
         cold = await evaluated(lambda: say("cold"))
         knowledge = gateway.cast.knowledge
         assert knowledge is not None
-        move = actor._classified(line)  # the turn's lore is retrieved with the line's intent
+        # The turn's lore is retrieved with the line's intent.
+        move = actor.character.classified(line)
         intent = move.intent if move is not None else None
         whole = knowledge.context("marla", Query(line, intent), scene=actor.scene.state()).lore
     assert whole is not None
@@ -863,9 +864,9 @@ async def test_later_partials_extend_the_prepared_prompt_not_evaluate_it_again(
     async def prepared(text: str) -> int:
         """Prompt tokens the engine evaluated (not cached) preparing `text`."""
         before = talk.metrics()
-        warm_ups, task = actor.warm_ups, actor._warm_task
+        warm_ups, task = actor.warm_ups, actor.prefill.task
         gateway.cast.prepare(session, "marla", text)
-        await until(lambda: actor._warm_task not in (None, task) and actor._warm_task.done())
+        await until(lambda: actor.prefill.task not in (None, task) and actor.prefill.task.done())
         after = talk.metrics()
         if actor.warm_ups == warm_ups:
             return 0
@@ -879,17 +880,17 @@ async def test_later_partials_extend_the_prepared_prompt_not_evaluate_it_again(
         actor = gateway.cast.actor("marla")
         reply = await http.post("/v1/npcs/marla/say", json={"text": "Hello.", "session_id": "grow"})
         assert reply.status_code == 200, reply.text
-        await until(lambda: actor._warm_task is None or actor._warm_task.done())  # the settle
-        assert await prepared("Where is") == 0 and session not in actor._prepared
+        await until(lambda: actor.prefill.task is None or actor.prefill.task.done())  # the settle
+        assert await prepared("Where is") == 0 and actor.sessions[session].prepared is None
         first = await prepared("Where is the old mill")
-        base = actor._prepared[session]
+        base = actor.sessions[session].prepared
         assert first > 0 and base.lore and base.message is not None
         step = 4 * settings.dialogue.prepare_step_tokens
         for part in (base.message, *base.more):
             section = part.content.split("\n\n")[0]
             assert len(section) <= step or len(_facts(section)) == 1, part.content
         later = await prepared("Where is the old mill and who guards the cathedral crypt")
-        grown = actor._prepared[session]
+        grown = actor.sessions[session].prepared
         assert grown.message == base.message and grown.more[: len(base.more)] == base.more
         added = grown.more[len(base.more) :]
         assert added and all(m.content.startswith("## More Lore") for m in added), grown
@@ -952,7 +953,7 @@ async def test_a_spoken_line_waits_for_no_more_lore_than_more_lore_tokens(
             await until(
                 lambda: actor.last_turn is not None and actor.last_turn.turn_id == turn, 240.0
             )
-            await until(lambda: actor._warm_task is None or actor._warm_task.done(), 120.0)
+            await until(lambda: actor.prefill.task is None or actor.prefill.task.done(), 120.0)
             assert actor.last_turn is not None and actor.last_turn.finish in ("stop", "length")
             return "\n\n".join(m.content for m in actor.histories[session] if m.role == "system")
 
@@ -966,11 +967,11 @@ async def test_a_spoken_line_waits_for_no_more_lore_than_more_lore_tokens(
         # Mid-preparation: the lore (one part) is being evaluated when the line comes.
         talk = engines[0]
         gateway.cast.prepare("spoken", "marla", "Where can I buy silver")
-        await until(lambda: actor._lore_step is not None and bool(talk._decoding))
-        stopped = actor._lore_step
+        await until(lambda: actor.prefill.part is not None and bool(talk._decoding))
+        stopped = actor.prefill.part
         part = talk._active[next(iter(talk._decoding))]
         cached = gateway.cast.stats.reply_cached_tokens
-        warm = actor._warm_task
+        warm = actor.prefill.task
         utter("spoken", "s-2", spoken=True)
         told = await answered("spoken", "s-2")
         reused = gateway.cast.stats.reply_cached_tokens - cached
@@ -999,8 +1000,8 @@ async def test_a_new_sessions_persona_is_evaluated_as_the_player_begins(
         before = talk.metrics()
         gateway.cast.prepare(session, "marla", "")
         await until(lambda: actor.warm_ups == 1)
-        await until(lambda: actor._warm_task is not None and actor._warm_task.done())
-        assert session in actor._headed and session not in actor._prepared
+        await until(lambda: actor.prefill.task is not None and actor.prefill.task.done())
+        assert actor.sessions[session].head_prepared and actor.sessions[session].prepared is None
         headed = talk.metrics()
         head = headed.prompt_tokens - before.prompt_tokens
         assert head > 100  # the persona card, at least
@@ -1009,10 +1010,10 @@ async def test_a_new_sessions_persona_is_evaluated_as_the_player_begins(
         said = talk.metrics()
         # All of the head but the few tokens that open the 1-token reply it generated.
         assert said.cached_prompt_tokens - headed.cached_prompt_tokens >= head - 8
-        await until(lambda: actor._warm_task is None or actor._warm_task.done())  # the settle
+        await until(lambda: actor.prefill.task is None or actor.prefill.task.done())  # the settle
         settled = talk.metrics()
         for text in ("", "Where is"):  # too few words, and a conversation held already
-            await actor._prepare(PrepareLine(session, text))
+            await actor.prefill.prepare(PrepareLine(session, text))
         assert actor.warm_ups == 1
         assert talk.metrics().prompt_tokens == settled.prompt_tokens  # nothing evaluated
 
@@ -1060,11 +1061,13 @@ async def test_the_prompt_window_keeps_its_start_and_jumps_by_half(
             # The reply is settled (its next window evaluated) while the player would listen:
             # wait for that, or the next line races it and the counts depend on timing.
             for _ in range(2400):  # at most 120 s
-                if actor._turn is None and (actor._warm_task is None or actor._warm_task.done()):
+                if actor.busy_session is None and (
+                    actor.prefill.task is None or actor.prefill.task.done()
+                ):
                     break
                 await asyncio.sleep(0.05)
             history = actor.histories["http.w"]
-            starts = actor._window("http.w", history)
+            starts = actor.window.starts("http.w")
             users = [m.content for m in history[starts[0] :] if m.role == "user"]
             firsts.append(users[0])
             assert len(users) <= 2 and users[-1] == line, (n, users)
@@ -1108,10 +1111,10 @@ async def test_a_full_context_moves_the_window_by_half_not_one_exchange_a_line(
             assert reply.status_code == 200, reply.text
             after = talk.metrics()
             cached.append(after.cached_prompt_tokens - before.cached_prompt_tokens)
-            await until(lambda: actor._warm_task is not None and actor._warm_task.done())
-            actor._warm_task = None  # the next line's settle is waited for afresh
+            await until(lambda: actor.prefill.task is not None and actor.prefill.task.done())
+            actor.prefill.task = None  # the next line's settle is waited for afresh
             history = actor.histories["http.f"]
-            starts = actor._window("http.f", history)
+            starts = actor.window.starts("http.f")
             users = [m.content for m in history[starts[0] :] if m.role == "user"] if starts else []
             firsts.append(users[0] if users else None)
         settled = actor.settled
@@ -1145,10 +1148,10 @@ async def test_a_settle_that_cannot_fit_its_room_keeps_the_window(
         for line in ("Hello.", "A room?", "Ale?"):
             reply = await http.post("/v1/npcs/marla/say", json={"text": line, "session_id": "s"})
             assert reply.status_code == 200, reply.text
-            await until(lambda: actor._warm_task is not None and actor._warm_task.done())
-            actor._warm_task = None
+            await until(lambda: actor.prefill.task is not None and actor.prefill.task.done())
+            actor.prefill.task = None
         history = actor.histories["http.s"]
-        starts = actor._window("http.s", history)
+        starts = actor.window.starts("http.s")
         users = [m.content for m in history[starts[0] :] if m.role == "user"] if starts else []
     assert users == ["Hello.", "A room?", "Ale?"]
     assert actor.settled == 0

@@ -367,7 +367,7 @@ def test_a_stopped_parts_cut_is_a_prefix_of_its_lore_in_its_order() -> None:
     after a long one is not taken: the prompt must begin as the part's did); a source whose
     lines are all cut goes too; a first line too long alone leaves no cut (the line then
     waits for no more lore than `more_lore_tokens` either way)."""
-    from mythic.dialogue._actor import _stopped_cut, _told_of
+    from mythic.dialogue._context import context_of, stopped_cut
     from mythic.knowledge import lore_beyond
 
     def _lines_cut(section: str, max_chars: int) -> str:
@@ -381,25 +381,25 @@ def test_a_stopped_parts_cut_is_a_prefix_of_its_lore_in_its_order() -> None:
     assert _lines_cut(section, 40) == "## Lore\nFrom Tavern:\n| a cup of ale"
     assert _lines_cut(section, 10_000) == section
     assert _lines_cut("## Lore\nFrom Tavern:\n" + long, 40) == ""
-    assert _stopped_cut(None, _told_of("## Lore\nFrom Tavern:\n" + long, None), 40) is None
-    assert _stopped_cut(None, _told_of(section, None), 0) is None
+    assert stopped_cut(None, context_of("## Lore\nFrom Tavern:\n" + long, None), 40) is None
+    assert stopped_cut(None, context_of(section, None), 0) is None
     cut = _lines_cut("## Lore\nFrom Tavern:\n| a\nFrom Mill:\n| a wheel turning", 30)
     assert cut == "## Lore\nFrom Tavern:\n| a"  # no "From Mill:" left without its line
 
-    stopped = _told_of(section, "## Scene\nNight.")
-    first = _stopped_cut(None, stopped, 40)
+    stopped = context_of(section, "## Scene\nNight.")
+    first = stopped_cut(None, stopped, 40)
     assert first is not None and first.scene == stopped.scene
     assert first.lore == "## Lore\nFrom Tavern:\n| a cup of ale"
     assert first.message is not None and stopped.message is not None
     assert stopped.message.content.startswith(first.message.content.split("\n\n")[0])
 
     # A part extending the finished ones: those, then the first lines of its new lore.
-    prepared = _told_of("## Lore\nFrom Tavern:\n| a cup of ale", None)
+    prepared = context_of("## Lore\nFrom Tavern:\n| a cup of ale", None)
     extension = prepared.extended("## More Lore\nFrom Mill:\n| wheel\n| " + "y" * 80)
-    cut_more = _stopped_cut(prepared, extension, 40)
+    cut_more = stopped_cut(prepared, extension, 40)
     assert cut_more is not None
     assert cut_more.messages[:-1] == prepared.messages
     assert cut_more.messages[-1].content == "## More Lore\nFrom Mill:\n| wheel"
     # Not an extension of what is prepared (another first part): no cut.
-    assert _stopped_cut(prepared, _told_of("## Lore\nFrom Mill:\n| wheel", None), 40) is None
-    assert _stopped_cut(None, extension, 40) is None
+    assert stopped_cut(prepared, context_of("## Lore\nFrom Mill:\n| wheel", None), 40) is None
+    assert stopped_cut(None, extension, 40) is None

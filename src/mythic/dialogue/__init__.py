@@ -4,31 +4,21 @@
 per active NPC, and talks to the game through an `Outbox` of v1 messages.
 """
 
-from mythic.dialogue._actor import INTERRUPTED_NOTE, NPCActor, Scene, TurnRecord
-from mythic.dialogue._cast import (
-    Cast,
-    DialogueStats,
-    Outbox,
-    ReplySink,
-    ToolOutcome,
-    UnknownCallError,
-    UnknownNPCError,
-)
+from mythic.dialogue._actor import NPCActor
+from mythic.dialogue._cast import Cast, UnknownCallError, UnknownNPCError
+from mythic.dialogue._character import Scene
 from mythic.dialogue._conversation import Conversation, PlayerInputError
+from mythic.dialogue._line_filter import LineFilter
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError, MailboxFullError
 from mythic.dialogue._naturalness import (
     ASSISTANT_SPEAK,
-    REMINDED,
     Finding,
-    LineFilter,
     Secret,
     addressed_as_self,
     admitted,
     affirmed,
     assistant_phrases,
     begins_as,
-    deflected,
-    deflection,
     echoes,
     greeting_lead,
     greets,
@@ -37,7 +27,6 @@ from mythic.dialogue._naturalness import (
     narrates_self,
     normalise,
     opening,
-    reminder,
     repeats,
     said_stems,
     secrets_of,
@@ -49,6 +38,9 @@ from mythic.dialogue._naturalness import (
     world_words,
 )
 from mythic.dialogue._phrases import PhraseBuffer
+from mythic.dialogue._refusals import REMINDED, deflected, deflection, reminder
+from mythic.dialogue._session import INTERRUPTED_NOTE
+from mythic.dialogue._stage import DialogueStats, Outbox, ReplySink, ToolOutcome
 from mythic.dialogue._states import (
     TRANSITIONS,
     DialogueState,
@@ -65,12 +57,15 @@ from mythic.dialogue._tools import (
     npc_tools,
     validate_call,
 )
+from mythic.dialogue._turn import TurnRecord, chat_sampling
+from mythic.dialogue._window import KV_FILL, fill_kv
 from mythic.knowledge import persona_prompt
 
 __all__ = [
     "ASSISTANT_SPEAK",
     "INTENTS",
     "INTERRUPTED_NOTE",
+    "KV_FILL",
     "REMINDED",
     "TOOLS",
     "TOOLS_BY_INTENT",
@@ -105,10 +100,12 @@ __all__ = [
     "affirmed",
     "assistant_phrases",
     "begins_as",
+    "chat_sampling",
     "decision_schema",
     "deflected",
     "deflection",
     "echoes",
+    "fill_kv",
     "greeting_lead",
     "greets",
     "leaked",

@@ -13,12 +13,12 @@ import logging
 import threading
 import time
 import uuid
-from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
 
 from mythic._errors import MythicError
-from mythic.archetypes import AdapterTask, ChainRouter
+from mythic.archetypes import ChainRouter
 from mythic.config import MythicSettings
 from mythic.contracts import (
     Ack,
@@ -28,7 +28,6 @@ from mythic.contracts import (
     IntentRequest,
     PlayerUtterance,
     SceneUpdate,
-    ServerMessage,
     ToolCall,
 )
 from mythic.dialogue._actor import NPCActor
@@ -43,6 +42,7 @@ from mythic.dialogue._events import (
 from mythic.dialogue._mailbox import MailboxClosedError, MailboxFullError
 from mythic.dialogue._moves import LineClassifier
 from mythic.dialogue._naturalness import world_words
+from mythic.dialogue._stage import DialogueStats, Outbox, ReplySink, Stage, ToolOutcome
 from mythic.dialogue._tools import npc_tools
 from mythic.engine import ChatMessage, GenerationRequest, Priority, Sampling
 from mythic.knowledge import Knowledge, World, shared_embedder
@@ -51,14 +51,7 @@ from mythic.route import Router
 
 log = logging.getLogger(__name__)
 
-_SAMPLES = 2048
 _ANSWERED = 4096
-
-
-class Outbox(Protocol):
-    """Where the NPCs' messages go: the gateway's per-session queue. Must not block."""
-
-    def __call__(self, session_id: str, message: ServerMessage) -> None: ...
 
 
 class UnknownNPCError(MythicError):
@@ -69,65 +62,10 @@ class UnknownCallError(MythicError):
     """An `Ack` names a call_id this session has no pending `ToolCall` for."""
 
 
-@dataclass(slots=True, frozen=True)
-class ToolOutcome:
-    """How the game answered a tool call."""
-
-    status: Literal["ok", "error", "rejected", "timeout"]
-    result: dict[str, Any] | None = None
-    message: str | None = None
-
-
 @dataclass(slots=True)
 class _PendingCall:
     session_id: str
     answer: asyncio.Future[Ack]
-
-
-@dataclass(slots=True)
-class DialogueStats:
-    """Counters for /metrics; the dialogue layer knows nothing of Prometheus."""
-
-    turns: Counter[str] = field(default_factory=Counter)
-    """Finished turns by finish reason."""
-    tool_calls: Counter[str] = field(default_factory=Counter)
-    """Tool calls by outcome (ok, error, rejected, timeout, invalid, retried)."""
-    intents: Counter[str] = field(default_factory=Counter)
-    barge_ins: int = 0
-    decision_failures: int = 0
-    actor_restarts: int = 0
-    phrases: int = 0
-    warm_ups: int = 0
-    """Reply prompts prepared while the player was still speaking (`PrepareLine`)."""
-    capped: int = 0
-    """Spoken replies stopped at `dialogue.spoken_max_sentences` sentences."""
-    caught: Counter[str] = field(default_factory=Counter)
-    """Reply tries caught by the line filter, by kind (assistant, narration, taboo, repeat,
-    echo)."""
-    reply_prompt_tokens: int = 0
-    """Prompt tokens of replies, ..."""
-    reply_cached_tokens: int = 0
-    """... of them found in the KV cache (the session's earlier turns, a warm-up, a shared
-    persona prefix) rather than evaluated when the line came."""
-    first_tokens: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
-    """Seconds from a player line's arrival to its first reply delta."""
-
-    def turn_finished(self, reason: str) -> None:
-        self.turns[reason] += 1
-
-    def first_token(self, seconds: float) -> None:
-        self.first_tokens.append(seconds)
-
-
-class ReplySink(Protocol):
-    """Receives replies phrase by phrase, for speech (the server's voice layer). Called on the
-    event loop; must not block."""
-
-    def phrase(self, session_id: str, npc_id: str, turn_id: str, text: str) -> None:
-        """A phrase (one or two sentences) of the reply to `turn_id` is ready."""
-
-    def reply_done(self, session_id: str, npc_id: str, turn_id: str, reason: str) -> None:
-        """The reply to `turn_id` is over: `stop`, `length`, `tool_call`, `cutoff`, `error`."""
 
 
 class Cast:
@@ -151,31 +89,67 @@ class Cast:
         chains: ChainRouter | None = None,
     ) -> None:
         self.check_world(world)  # an unknown tool name fails here, at start
-        self.memory = memory
-        if memory is not None:
-            memory.writer = self._write_summary
-        self.knowledge = knowledge
-        """Persona, lore and packing; None: the whole persona card, no lore."""
-        self._world_changed(world)
-        self.router = router
-        self.retrieval = router.tier_of("dialogue").retrieval
-        """Whether the dialogue tier gets lore retrieval."""
-        self.settings = settings
-        self.send = outbox
-        self.stats = DialogueStats()
-        self.speakers = asyncio.Semaphore(settings.dialogue.max_concurrent_speakers)
-        self.actors: dict[str, NPCActor] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._calls: dict[str, _PendingCall] = {}
         self._answered: OrderedDict[str, None] = OrderedDict()
-        self.replies = replies
-        """Where each reply's phrases go for speech (set by the server's voice layer)."""
-        self.chains = chains
-        """Which archetype adapters each request applies; None: the base model serves all."""
         self._closed = False
         self._classifier: LineClassifier | None = None
         self._classifier_lock = threading.Lock()
         self._no_classifier = settings.dialogue.decider != "classifier"
+        self.stage = Stage(
+            world,
+            world_words(world.texts()),
+            router,
+            settings,
+            outbox,
+            self.call_tool,
+            self.classifier,
+            memory=memory,
+            knowledge=knowledge,
+            chains=chains,
+            replies=replies,
+        )
+        """What the actors share: the cast hands it to each one it starts."""
+        if memory is not None:
+            memory.writer = self._write_summary
+        self._world_changed(world)
+        self.actors: dict[str, NPCActor] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def world(self) -> World:
+        """The world in play: the last one loaded or reloaded."""
+        return self.stage.world
+
+    @property
+    def settings(self) -> MythicSettings:
+        return self.stage.settings
+
+    @property
+    def stats(self) -> DialogueStats:
+        return self.stage.stats
+
+    @property
+    def knowledge(self) -> Knowledge | None:
+        """Persona, lore and packing; None: the whole persona card, no lore."""
+        return self.stage.knowledge
+
+    @property
+    def memory(self) -> Memory | None:
+        return self.stage.memory
+
+    @property
+    def speakers(self) -> asyncio.Semaphore:
+        """The NPCs that may speak at once (`dialogue.max_concurrent_speakers`)."""
+        return self.stage.speakers
+
+    @property
+    def replies(self) -> ReplySink | None:
+        """Where each reply's phrases go for speech (set by the server's voice layer)."""
+        return self.stage.replies
+
+    @replies.setter
+    def replies(self, replies: ReplySink | None) -> None:
+        self.stage.replies = replies
 
     def classifier(self) -> LineClassifier | None:
         """The player-line classifier (`dialogue.decider`), built at first use on retrieval's
@@ -183,7 +157,8 @@ class Cast:
         worker thread); None: the dialogue model decides (`decider: model`, or no embedder)."""
         with self._classifier_lock:
             if self._classifier is None and not self._no_classifier:
-                embedder = self.knowledge.embedder if self.knowledge is not None else None
+                knowledge = self.stage.knowledge
+                embedder = knowledge.embedder if knowledge is not None else None
                 try:
                     if embedder is None:
                         embedder = shared_embedder()
@@ -207,7 +182,7 @@ class Cast:
         if self._closed:
             raise MythicError("the server is shutting down")
         try:
-            actor = NPCActor(self, npc_id)
+            actor = NPCActor(self.stage, npc_id)
         except KeyError as exc:
             raise UnknownNPCError(str(exc.args[0])) from None
         self.actors[npc_id] = actor
@@ -277,23 +252,11 @@ class Cast:
             if call.session_id == session_id and not call.answer.done():
                 call.answer.cancel()
 
-    def adapters_for(
-        self, request: GenerationRequest, kind: str, task: AdapterTask, archetype: str
-    ) -> dict[str, float]:
-        """The LoRA adapters (name -> scale) of `archetype` for `task` that `request` applies
-        on the model that will serve it; `{}`: the base model. Synchronous, no I/O."""
-        if self.chains is None:
-            return {}
-        base = self.router.base_model(request, kind, archetype=archetype)
-        return self.chains.adapters_for(archetype, task, base_model=base)
-
     def _world_changed(self, world: World) -> None:
-        self.world: World = world
-        self.world_words = world_words(world.texts())
-        """Every word the world's cards and lore say: the line filter lets its NPCs say a
-        real-world word the world has ("dollars" in a frontier town)."""
-        if self.memory is not None:
-            self.memory.npcs = {
+        self.stage.world = world
+        self.stage.world_words = world_words(world.texts())
+        if self.stage.memory is not None:
+            self.stage.memory.npcs = {
                 npc_id: NPCInfo(p.name.split(",")[0], f"a {p.archetype} in {world.name}")
                 for npc_id, p in world.npcs.items()
             }
@@ -314,17 +277,6 @@ class Cast:
         if self.knowledge is not None:
             self._world_changed(self.knowledge.world)
 
-    def phrase(self, session_id: str, npc_id: str, turn_id: str, text: str) -> None:
-        """A phrase of a reply is ready for speech synthesis."""
-        self.stats.phrases += 1
-        if self.replies is not None:
-            self.replies.phrase(session_id, npc_id, turn_id, text)
-
-    def reply_done(self, session_id: str, npc_id: str, turn_id: str, reason: str) -> None:
-        """A reply is over (`reason`: its finish reason); its last phrase has gone out."""
-        if self.replies is not None:
-            self.replies.reply_done(session_id, npc_id, turn_id, reason)
-
     async def _write_summary(
         self, system: str, user: str, schema: dict[str, Any], max_tokens: int
     ) -> str:
@@ -337,7 +289,7 @@ class Cast:
             json_schema=schema,
             sampling=Sampling(max_tokens=max_tokens, temperature=0.0),
         )
-        done = await self.router.complete(request, "summary")
+        done = await self.stage.router.complete(request, "summary")
         return done.text
 
     # -- tool calls ---------------------------------------------------------------------------
@@ -347,7 +299,7 @@ class Cast:
     ) -> ToolOutcome:
         """Send a `ToolCall` and wait for its `Ack`, sending it again (same call_id) with a
         doubling wait when unanswered; a timeout is reported to the client as `TOOL_TIMEOUT`."""
-        dialogue = self.settings.dialogue
+        dialogue, send, stats = self.settings.dialogue, self.stage.send, self.stats
         call_id = f"c-{uuid.uuid4().hex[:16]}"
         answer: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = _PendingCall(session_id, answer)
@@ -356,8 +308,8 @@ class Cast:
             wait = dialogue.tool_timeout_s
             for attempt in range(dialogue.tool_retries + 1):
                 if attempt:
-                    self.stats.tool_calls["retried"] += 1
-                self.send(session_id, call)
+                    stats.tool_calls["retried"] += 1
+                send(session_id, call)
                 try:
                     async with asyncio.timeout(wait):
                         ack = await asyncio.shield(answer)
@@ -365,10 +317,10 @@ class Cast:
                     wait *= 2
                     continue
                 status = "ok" if ack.status == "duplicate" else ack.status
-                self.stats.tool_calls[status] += 1
+                stats.tool_calls[status] += 1
                 return ToolOutcome(status, ack.result, ack.message)
-            self.stats.tool_calls["timeout"] += 1
-            self.send(
+            stats.tool_calls["timeout"] += 1
+            send(
                 session_id,
                 Error(
                     code="TOOL_TIMEOUT",

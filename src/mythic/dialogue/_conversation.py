@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from mythic._errors import MythicError
 from mythic.config import ChatSettings
+from mythic.dialogue._turn import chat_sampling
 from mythic.engine import (
     ChatMessage,
     ContextOverflowError,
@@ -17,7 +18,6 @@ from mythic.engine import (
     GenerationRequest,
     ModelError,
     Priority,
-    Sampling,
     SyncRequestStream,
 )
 from mythic.knowledge import World, persona_prompt
@@ -27,23 +27,6 @@ MAX_PLAYER_LINE = 2000
 
 class PlayerInputError(MythicError):
     """The player's line cannot be used (empty, too long); the conversation goes on."""
-
-
-def chat_sampling(settings: ChatSettings) -> Sampling:
-    """The sampling of an NPC's replies."""
-    return Sampling(
-        max_tokens=settings.max_tokens,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k,
-        repeat_penalty=settings.repeat_penalty,
-        dry_multiplier=settings.dry_multiplier,
-        dry_base=settings.dry_base,
-        dry_allowed_length=settings.dry_allowed_length,
-        dry_penalty_last_n=settings.dry_penalty_last_n,
-        dry_sequence_breakers=tuple(settings.dry_sequence_breakers),
-        dry_scope=settings.dry_scope,
-    )
 
 
 class Conversation:

@@ -1,0 +1,213 @@
+"""A turn's decision: the intent of the player's line and at most one game tool, by the line
+classifier or by a gold constrained request on the model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from mythic.dialogue._character import Character
+from mythic.dialogue._events import PlayerLine
+from mythic.dialogue._moves import zone_named
+from mythic.dialogue._stage import Stage
+from mythic.dialogue._tools import (
+    INTENTS,
+    TOOLS_BY_INTENT,
+    ToolArgumentError,
+    decision_schema,
+    describe_tools,
+    validate_call,
+)
+from mythic.engine import (
+    ChatMessage,
+    EngineError,
+    GenerationRequest,
+    Priority,
+    RequestError,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Decision:
+    """What the intent engine chose for a turn."""
+
+    intent: str
+    tool: tuple[str, dict[str, Any]] | None
+
+
+class Decider:
+    """Decides the lines spoken to one NPC."""
+
+    def __init__(self, stage: Stage, character: Character) -> None:
+        self.stage = stage
+        self.character = character
+
+    def _intent_prompt(self, tools: list[str]) -> str:
+        character = self.character
+        name = character.short_name
+        lines = [
+            f"You decide what {name}, a {character.persona.archetype} in the video game "
+            f"world {self.stage.world.name}, does when the player speaks.",
+            "Intents: chitchat (small talk), trade (buying, selling, prices), quest (tasks, "
+            "jobs), hint (help, secrets), combat (threats, fighting), navigation (the way "
+            "somewhere, where something is), admin (the game itself).",
+        ]
+        if tools:
+            lines += [
+                f"Actions {name} can take in the game:",
+                describe_tools(tools),
+                "Places: " + ", ".join(character.places()) + ".",
+                "Take an action only when the player asks for it (set_waypoint or set_marker "
+                "when they ask the way, open_dialog or give_item to trade); otherwise null.",
+            ]
+        scene = character.scene.describe()
+        if scene:
+            lines.append(scene)
+        lines.append('Answer with JSON: {"intent": ..., "action": null or {"name", "args"}}.')
+        return "\n".join(lines)
+
+    def request(self, session_id: str, text: str, *, tools: bool) -> GenerationRequest:
+        """The gold request that decides `text`'s intent and tool (`tools`: the NPC's tools
+        offered); its system message is the same for every line of a scene, so a warm-up
+        (`Gateway.warmup`) can have it evaluated before the player's first line."""
+        character = self.character
+        offered = character.tools if tools else []
+        schema = decision_schema(
+            offered, places=character.places(), targets=character.scene.targets()
+        )
+        return GenerationRequest(
+            npc_id=character.npc_id,
+            session_id=f"{session_id}/decide",
+            messages=[
+                ChatMessage("system", self._intent_prompt(offered)),
+                ChatMessage("user", text),
+            ],
+            priority=Priority.GOLD,
+            json_schema=schema,
+            sampling=self.stage.decision_sampling(),
+        )
+
+    async def decide(self, line: PlayerLine) -> Decision | None:
+        """The intent of the line and at most one tool call: by the cast's line classifier
+        (`dialogue.decider`), else by a gold constrained request on the model.
+
+        Only the line itself is judged: with the previous exchange in the prompt, the 0.5B
+        model repeated the last tool on "thank you". A refused or failed decision is logged
+        and counts as none: the reply goes on.
+        """
+        stats, npc_id = self.stage.stats, self.character.npc_id
+        move = await asyncio.to_thread(self.character.classified, line.text)
+        if move is not None:
+            tool = await self._move_tool(line, move.move) if move.acts and line.tools else None
+            stats.intents[move.intent] += 1
+            return Decision(move.intent, tool)
+        tools = self.character.tools if line.tools else []
+        request = self.request(line.session_id, line.text, tools=line.tools)
+        try:
+            done = await self.stage.router.complete(
+                request, "tool_decision", archetype=self.character.persona.archetype
+            )
+            data = json.loads(done.text)
+        except (RequestError, EngineError, ValueError) as exc:
+            log.warning("decision for %s failed: %s", npc_id, exc)
+            stats.decision_failures += 1
+            return None
+        intent = data.get("intent") if isinstance(data, dict) else None
+        if intent not in INTENTS:
+            stats.decision_failures += 1
+            return None
+        action = data.get("action")
+        tool = None
+        if isinstance(action, dict):
+            try:
+                name = str(action.get("name"))
+                allowed = [t for t in TOOLS_BY_INTENT[intent] if t in tools]
+                tool = (name, validate_call(name, action.get("args"), allowed))
+            except ToolArgumentError as exc:
+                log.warning("%s chose an invalid tool call: %s", npc_id, exc)
+                stats.tool_calls["invalid"] += 1
+        stats.intents[intent] += 1
+        return Decision(intent, tool)
+
+    async def _move_tool(self, line: PlayerLine, move: str) -> tuple[str, dict[str, Any]] | None:
+        """The game tool a classified acting `move` calls, among the NPC's tools: the way to
+        the zone the line names, by its name or a title of its lore (a waypoint, else a
+        marker); a purchase opens the trade window,
+        else gives the item the model reads from the line; work opens the quest window; a
+        threat turns the NPC to face the player (else a glare). None: no tool fits."""
+        has = set(self.character.tools).__contains__
+        call: tuple[str, dict[str, Any]] | None = None
+        match move:
+            case "way":
+                world = self.stage.world
+                zones = {z: zone.name for z, zone in world.card.zones.items()}
+                titles = [(d.zone, d.title) for d in world.lore if d.zone in zones]
+                place = await asyncio.to_thread(zone_named, line.text, zones, titles)
+                if place is not None and has("set_waypoint"):
+                    call = ("set_waypoint", {"target": place})
+                elif place is not None and has("set_marker"):
+                    call = ("set_marker", {"location": place})
+            case "buy" if has("open_dialog"):
+                call = ("open_dialog", {"dialog": "trade"})
+            case "buy" if has("give_item"):
+                return await self._item_asked(line)
+            case "work" if has("open_dialog"):
+                call = ("open_dialog", {"dialog": "quest"})
+            case "threat" if has("set_focus"):
+                call = ("set_focus", {"target": "player"})
+            case "threat" if has("play_emote"):
+                call = ("play_emote", {"emote": "glare"})
+        if call is None:
+            return None
+        try:
+            return (call[0], validate_call(call[0], call[1]))
+        except ToolArgumentError as exc:  # a zone id no tool accepts
+            log.warning("%s cannot call %s: %s", self.character.npc_id, call[0], exc)
+            return None
+
+    async def _item_asked(self, line: PlayerLine) -> tuple[str, dict[str, Any]] | None:
+        """`give_item` with the item and quantity the model reads from the player's line (a
+        constrained gold request); None when it fails."""
+        character = self.character
+        schema = decision_schema(
+            ["give_item"], places=character.places(), targets=character.scene.targets()
+        )
+        trade = next(b for b in schema["anyOf"] if b["properties"]["intent"]["const"] == "trade")
+        request = GenerationRequest(
+            npc_id=character.npc_id,
+            session_id=f"{line.session_id}/decide",
+            messages=[
+                ChatMessage(
+                    "system",
+                    f"The player buys from {character.short_name}. Write the item they ask "
+                    'for, in their words, and how many: {"intent": "trade", "action": {"name": '
+                    '"give_item", "args": {"item": ..., "quantity": ...}}}.',
+                ),
+                ChatMessage("user", line.text),
+            ],
+            priority=Priority.GOLD,
+            json_schema=trade,
+            sampling=self.stage.decision_sampling(),
+        )
+        try:
+            done = await self.stage.router.complete(
+                request, "tool_decision", archetype=character.persona.archetype
+            )
+            action = json.loads(done.text)["action"]
+            return ("give_item", validate_call("give_item", action["args"], ["give_item"]))
+        except (
+            RequestError,
+            EngineError,
+            ToolArgumentError,
+            ValueError,
+            LookupError,
+            TypeError,
+        ) as exc:
+            log.warning("%s could not read the item asked for: %s", character.npc_id, exc)
+            self.stage.stats.decision_failures += 1
+            return None

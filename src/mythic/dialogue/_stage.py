@@ -1,0 +1,148 @@
+"""What every NPC actor of a cast shares: the world, the engines' router, memory, knowledge,
+the settings, and where its messages, phrases and tool calls go.
+
+`Cast` builds one `Stage` and hands it to each actor it starts; an actor reaches everything
+outside itself through it, and never the cast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from mythic.archetypes import AdapterTask, ChainRouter
+from mythic.config import MythicSettings
+from mythic.contracts import ServerMessage
+from mythic.dialogue._moves import LineClassifier
+from mythic.engine import GenerationRequest, Sampling
+from mythic.knowledge import Knowledge, World
+from mythic.memory import Memory
+from mythic.route import Router
+
+_SAMPLES = 2048
+
+
+class Outbox(Protocol):
+    """Where the NPCs' messages go: the gateway's per-session queue. Must not block."""
+
+    def __call__(self, session_id: str, message: ServerMessage) -> None: ...
+
+
+class ReplySink(Protocol):
+    """Receives replies phrase by phrase, for speech (the server's voice layer). Called on the
+    event loop; must not block."""
+
+    def phrase(self, session_id: str, npc_id: str, turn_id: str, text: str) -> None:
+        """A phrase (one or two sentences) of the reply to `turn_id` is ready."""
+
+    def reply_done(self, session_id: str, npc_id: str, turn_id: str, reason: str) -> None:
+        """The reply to `turn_id` is over: `stop`, `length`, `tool_call`, `cutoff`, `error`."""
+
+
+@dataclass(slots=True, frozen=True)
+class ToolOutcome:
+    """How the game answered a tool call."""
+
+    status: Literal["ok", "error", "rejected", "timeout"]
+    result: dict[str, Any] | None = None
+    message: str | None = None
+
+
+CallTool = Callable[[str, str, str, str, dict[str, Any]], Awaitable[ToolOutcome]]
+"""Send a game tool call and wait for its answer: session, NPC, turn, tool name, arguments."""
+
+
+@dataclass(slots=True)
+class DialogueStats:
+    """Counters for /metrics; the dialogue layer knows nothing of Prometheus."""
+
+    turns: Counter[str] = field(default_factory=Counter)
+    """Finished turns by finish reason."""
+    tool_calls: Counter[str] = field(default_factory=Counter)
+    """Tool calls by outcome (ok, error, rejected, timeout, invalid, retried)."""
+    intents: Counter[str] = field(default_factory=Counter)
+    barge_ins: int = 0
+    decision_failures: int = 0
+    actor_restarts: int = 0
+    phrases: int = 0
+    warm_ups: int = 0
+    """Reply prompts prepared while the player was still speaking (`PrepareLine`)."""
+    capped: int = 0
+    """Spoken replies stopped at `dialogue.spoken_max_sentences` sentences."""
+    caught: Counter[str] = field(default_factory=Counter)
+    """Reply tries caught by the line filter, by kind (assistant, narration, taboo, repeat,
+    echo)."""
+    reply_prompt_tokens: int = 0
+    """Prompt tokens of replies, ..."""
+    reply_cached_tokens: int = 0
+    """... of them found in the KV cache (the session's earlier turns, a warm-up, a shared
+    persona prefix) rather than evaluated when the line came."""
+    first_tokens: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
+    """Seconds from a player line's arrival to its first reply delta."""
+
+    def turn_finished(self, reason: str) -> None:
+        self.turns[reason] += 1
+
+    def first_token(self, seconds: float) -> None:
+        self.first_tokens.append(seconds)
+
+
+@dataclass(slots=True)
+class Stage:
+    """The collaborators of a cast's actors. `world` and `world_words` change when the world
+    is reloaded, `replies` when a voice layer attaches: actors read them at each use."""
+
+    world: World
+    world_words: frozenset[str]
+    """Every word the world's cards and lore say: the line filter lets its NPCs say a
+    real-world word the world has ("dollars" in a frontier town)."""
+    router: Router
+    settings: MythicSettings
+    send: Outbox
+    call_tool: CallTool
+    classifier: Callable[[], LineClassifier | None]
+    """The player-line classifier (`Cast.classifier`): blocking, call it in a worker thread."""
+    memory: Memory | None = None
+    knowledge: Knowledge | None = None
+    """Persona, lore and packing; None: the whole persona card, no lore."""
+    chains: ChainRouter | None = None
+    """Which archetype adapters each request applies; None: the base model serves all."""
+    replies: ReplySink | None = None
+    """Where each reply's phrases go for speech (set by the server's voice layer)."""
+    stats: DialogueStats = field(default_factory=DialogueStats)
+    speakers: asyncio.Semaphore = field(init=False)
+    """The NPCs that may speak at once (`dialogue.max_concurrent_speakers`)."""
+    retrieval: bool = field(init=False)
+    """Whether the dialogue tier gets lore retrieval."""
+
+    def __post_init__(self) -> None:
+        self.speakers = asyncio.Semaphore(self.settings.dialogue.max_concurrent_speakers)
+        self.retrieval = self.router.tier_of("dialogue").retrieval
+
+    def adapters_for(
+        self, request: GenerationRequest, kind: str, task: AdapterTask, archetype: str
+    ) -> dict[str, float]:
+        """The LoRA adapters (name -> scale) of `archetype` for `task` that `request` applies
+        on the model that will serve it; `{}`: the base model. Synchronous, no I/O."""
+        if self.chains is None:
+            return {}
+        base = self.router.base_model(request, kind, archetype=archetype)
+        return self.chains.adapters_for(archetype, task, base_model=base)
+
+    def decision_sampling(self) -> Sampling:
+        """The sampling of a gold decision (intent, tool): greedy, short."""
+        return Sampling(max_tokens=self.settings.dialogue.decision_max_tokens, temperature=0.0)
+
+    def phrase(self, session_id: str, npc_id: str, turn_id: str, text: str) -> None:
+        """A phrase of a reply is ready for speech synthesis."""
+        self.stats.phrases += 1
+        if self.replies is not None:
+            self.replies.phrase(session_id, npc_id, turn_id, text)
+
+    def reply_done(self, session_id: str, npc_id: str, turn_id: str, reason: str) -> None:
+        """A reply is over (`reason`: its finish reason); its last phrase has gone out."""
+        if self.replies is not None:
+            self.replies.reply_done(session_id, npc_id, turn_id, reason)

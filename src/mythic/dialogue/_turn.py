@@ -1,0 +1,618 @@
+"""A turn: the reply to a player's line, streamed through the line filter, its decision
+(intent and tool), the tool call and its voiced result, and what the session keeps of it.
+
+The reply streams from the dialogue engine (silver) while the decision runs on the intent
+engine (gold). Reply deltas go to the session as they come and through the phrase buffer for
+speech; a tool call goes out after the reply, waits for the game's `Ack`, and its result is
+voiced in a short follow-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import re
+import time
+import zlib
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from mythic._errors import MythicError
+from mythic.config import ChatSettings
+from mythic.contracts import LLMStreamDelta
+from mythic.dialogue._character import Character
+from mythic.dialogue._decision import Decider, Decision
+from mythic.dialogue._events import PlayerLine
+from mythic.dialogue._intents import Intents, error_message
+from mythic.dialogue._line_filter import LineFilter
+from mythic.dialogue._naturalness import Finding, greeting_lead, greets, opening, sentences
+from mythic.dialogue._phrases import PhraseBuffer, sentences_end
+from mythic.dialogue._prefill import Prefill
+from mythic.dialogue._refusals import deflection, reminder
+from mythic.dialogue._session import INTERRUPTED_NOTE, Session, replies_in
+from mythic.dialogue._stage import Stage, ToolOutcome
+from mythic.dialogue._states import DialogueState
+from mythic.dialogue._window import PromptWindow, TailAgain
+from mythic.engine import ChatMessage, EngineError, RequestError, Sampling
+from mythic.memory import Fact
+
+log = logging.getLogger(__name__)
+
+Finish = Literal["stop", "length", "tool_call", "cutoff", "error"]
+
+VOICE_RESULT = ChatMessage(
+    "system", "Tell the player, in one short sentence and in character, what you just did."
+)
+"""Asked after a tool's result when the model voices it (`dialogue.tool_voice: model`)."""
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    """What a finished turn did, for `GET /v1/npcs/{id}` and the tests."""
+
+    session_id: str
+    turn_id: str
+    text: str
+    finish: Finish
+    intent: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    first_phrase_tokens: int | None = None
+    """Tokens the model had generated when the reply's first phrase went to speech, counting
+    those of tries the line filter caught."""
+    caught: list[str] = field(default_factory=list)
+    """What the line filter caught in this turn's tries (`Finding.kind`s), in order."""
+
+
+def chat_sampling(settings: ChatSettings) -> Sampling:
+    """The sampling of an NPC's replies."""
+    return Sampling(
+        max_tokens=settings.max_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        repeat_penalty=settings.repeat_penalty,
+        dry_multiplier=settings.dry_multiplier,
+        dry_base=settings.dry_base,
+        dry_allowed_length=settings.dry_allowed_length,
+        dry_penalty_last_n=settings.dry_penalty_last_n,
+        dry_sequence_breakers=tuple(settings.dry_sequence_breakers),
+        dry_scope=settings.dry_scope,
+    )
+
+
+class Turns:
+    """Plays the turns of one NPC, one at a time (its actor starts and stops them)."""
+
+    def __init__(
+        self,
+        stage: Stage,
+        character: Character,
+        sessions: dict[str, Session],
+        window: PromptWindow,
+        prefill: Prefill,
+        decider: Decider,
+        intents: Intents,
+        enter: Callable[[DialogueState], None],
+    ) -> None:
+        self.stage = stage
+        self.character = character
+        self.sessions = sessions
+        self.window = window
+        self.prefill = prefill
+        self.decider = decider
+        self.intents = intents
+        self._enter = enter
+        self.last: TurnRecord | None = None
+        """The last turn that ended."""
+
+    def mark_interrupted(self, session_id: str, turn_id: str) -> None:
+        """The player cut in while the reply to `turn_id`, all written, was being spoken:
+        its history says so."""
+        last = self.last
+        session = self.sessions.get(session_id)
+        history = session.history if session is not None else None
+        if (
+            last is None
+            or (last.session_id, last.turn_id) != (session_id, turn_id)
+            or last.finish == "cutoff"
+            or not history
+            or history[-1].role != "assistant"
+            or history[-1].content.endswith(INTERRUPTED_NOTE)
+        ):
+            return
+        history[-1] = ChatMessage("assistant", f"{history[-1].content} {INTERRUPTED_NOTE}")
+        self.last = dataclasses.replace(last, finish="cutoff")
+        self.stage.stats.barge_ins += 1
+
+    async def run(self, line: PlayerLine) -> None:
+        """Play the turn answering `line`; cancelled, it stops within one engine step and
+        what was said stays in the history."""
+        stage, session_id = self.stage, line.session_id
+        settings = stage.settings
+        self._enter(DialogueState.LISTENING)
+        session = self.sessions.setdefault(session_id, Session())
+        session.spoken_to = True
+        history = session.history
+        out = TurnOutput(self, line)
+        memory = stage.memory if line.player_id is not None else None
+        self.character.reread_if_reloaded()
+        user = ChatMessage("user", line.text)
+        decision_task: asyncio.Task[Decision | None] | None = None
+        speaking = False
+        try:
+            self._enter(DialogueState.THINKING)
+            if memory is not None and line.player_id is not None:
+                await self.window.recall(session_id, line.player_id)
+            spoken = line.spoken and settings.dialogue.prefill_while_speaking
+            out.context, context = await self.prefill.line_context(
+                session_id, line.text, spoken=spoken
+            )
+            out.answer = context.answer_note()
+
+            async def tail_again() -> list[ChatMessage]:
+                again = await self.window.context(session_id, line.text)
+                cut = self.window.spoken_cut(again) if spoken else again
+                out.context = self.window.record_context(cut.messages)
+                return [*out.context, user, *out.answer]
+
+            decide = settings.dialogue.decide
+            reply = self._checked_reply(out, history, user, tail_again)
+            async with contextlib.aclosing(reply):
+                async for text in reply:
+                    if not speaking:
+                        await stage.speakers.acquire()
+                        speaking = True
+                        self._enter(DialogueState.SPEAKING)
+                    out.say(text)
+                    if decide and decision_task is None and out.phrases:
+                        # The decision shares the engine with the reply and is needed only
+                        # when the reply ends: it starts once the first phrase has gone to
+                        # speech, so it delays neither the first token nor the first audio
+                        # (the next phrase is decoded while that one is spoken).
+                        decision_task = asyncio.create_task(self.decider.decide(line))
+                    if out.capped:  # a spoken reply's last sentence: stop the model
+                        out.reason = "stop"
+                        stage.stats.capped += 1
+                        break
+            out.flush_phrases()  # the reply's last words are spoken while the decision ends
+            if speaking:  # the decision and a tool's round trip are not speech: free the slot
+                stage.speakers.release()
+                speaking = False
+            if decide and decision_task is None:
+                decision_task = asyncio.create_task(self.decider.decide(line))
+            decision = await decision_task if decision_task else None
+            decision_task = None
+            if decision is not None:
+                out.intent = decision.intent
+                session.intent = decision.intent
+                self.intents.push(session_id, decision.intent)
+            if decision is not None and decision.tool is not None and line.tools:
+                await self._call_tool(out, history, user, decision.tool)
+        except asyncio.CancelledError:
+            out.reason = "cutoff"
+            self._enter(DialogueState.BARGE_IN)
+            raise
+        except (RequestError, EngineError) as exc:
+            out.reason = "error"
+            stage.send(session_id, error_message(exc, turn_id=line.turn_id))
+        finally:
+            if decision_task is not None:
+                decision_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, MythicError):
+                    await decision_task
+            out.close()
+            said = out.text().strip()
+            if memory is not None and line.player_id is not None:
+                npc_id = self.character.npc_id
+                memory.record_turn(npc_id, line.player_id, session_id, "player", line.text)
+                if said:
+                    memory.record_turn(npc_id, line.player_id, session_id, "npc", said)
+            # After a barge-in the next turn knows: the model sees where it was stopped.
+            kept = f"{said} {INTERRUPTED_NOTE}" if out.reason == "cutoff" and said else said
+            if out.history_open:
+                history.append(ChatMessage("assistant", kept or "..."))
+            elif said:  # the context told stays with its exchange: it is not told again
+                history += [*out.context, user, ChatMessage("assistant", kept)]
+            session.trim(settings.chat.history_turns)
+            self.last = TurnRecord(
+                session_id,
+                line.turn_id,
+                said,
+                out.reason,
+                out.intent,
+                out.tool_calls,
+                out.first_phrase_tokens,
+                out.caught,
+            )
+            stage.stats.turn_finished(out.reason)
+            if speaking:
+                stage.speakers.release()
+            self._enter(DialogueState.IDLE)
+
+    async def _checked_reply(
+        self,
+        out: TurnOutput,
+        history: list[ChatMessage],
+        user: ChatMessage,
+        tail_again: TailAgain,
+    ) -> AsyncGenerator[str, None]:
+        """Stream the reply to `user` through the line filter (`dialogue.line_filter`): each
+        clause leaves once checked. A reply caught is generated again, sampled, with a
+        reminder of what went wrong after the player's line (not kept in the history), up to
+        `dialogue.regenerate_tries` times, then the NPC refuses in a short line. One caught
+        after a whole sentence left ends there; one caught mid-sentence is generated again
+        from the words already said (they are the new try's start), so the player never
+        hears half a sentence ("I'm sorry,"). A greeting's reply begins with a catchphrase
+        (`_lead`), checked with the model's first words and sent with them."""
+        dialogue = self.stage.settings.dialogue
+        lead = self._lead(out.line, history)
+        if not dialogue.line_filter:
+            reply = self.generate(
+                out, history, *out.context, user, *out.answer, tail_again=tail_again, lead=lead
+            )
+            async with contextlib.aclosing(reply):
+                async for text in reply:
+                    yield lead + text  # the lead leaves with the model's first words
+                    lead = ""
+            return
+        sampling = chat_sampling(self.stage.settings.chat)
+        extra: tuple[ChatMessage, ...] = ()
+        finding: Finding | None = None
+        given = ""  # what the player has been sent of this reply
+
+        def fresh(released: str) -> str:
+            """What the filter has released that was not sent yet (the try began with it)."""
+            if released.startswith(given):
+                return released[len(given) :]
+            return released[len(given.rstrip()) :]
+
+        for attempt in range(dialogue.regenerate_tries + 1):
+            check = self._line_filter(history, user.content)
+            out.reason = "stop"
+
+            async def again(note: tuple[ChatMessage, ...] = extra) -> list[ChatMessage]:
+                return [*(await tail_again()), *note]
+
+            reply = self.generate(
+                out,
+                history,
+                *out.context,
+                user,
+                *out.answer,
+                *extra,
+                tail_again=again,
+                sampling=sampling,
+                lead=lead,
+            )
+            # The lead is checked with the model's first words and leaves with them: a try
+            # caught right after it is generated again rather than cut to "Sugar,".
+            held = lead
+            finding = None
+            async with contextlib.aclosing(reply):
+                async for text in reply:
+                    _, finding = check.push(held + text)
+                    held = ""
+                    if len(check.released.rstrip()) > len(lead) and fresh(check.released):
+                        yield fresh(check.released)
+                        given = check.released
+                    if finding is not None:
+                        break
+            if finding is None and held:  # the model said nothing after the lead
+                _, finding = check.push(held)
+            if finding is None:
+                _, finding = check.finish()
+            if finding is None:
+                if fresh(check.released):
+                    yield fresh(check.released)
+                return
+            self.stage.stats.caught[finding.kind] += 1
+            out.caught.append(finding.kind)
+            ended = re.search(r"[.!?…][\"')\]]*\s*$", given) is not None
+            log.info(
+                "%s: reply caught on try %d (%s: %r)%s",
+                self.character.npc_id,
+                attempt + 1,
+                finding.kind,
+                finding.detail,
+                ", ended there" if ended else (", going on from what was said" if given else ""),
+            )
+            if ended:
+                out.reason = "stop"
+                return
+            if given:
+                lead = given.rstrip()
+            extra = (ChatMessage("system", reminder(finding.kind, self.character.short_name)),)
+            sampling = dataclasses.replace(
+                sampling,
+                temperature=max(sampling.temperature, 0.8),
+                seed=zlib.crc32(f"{user.content}\0{attempt}".encode()),
+                # A repeat comes back at any temperature (the conversation so far leads the
+                # model into it): the next try pays a steeper price for every repeated token.
+                dry_multiplier=(
+                    max(4.0, sampling.dry_multiplier)
+                    if finding.kind == "repeat"
+                    else sampling.dry_multiplier
+                ),
+            )
+        assert finding is not None
+        out.reason = "stop"
+        # Every try caught: the NPC refuses, in words not yet said in this conversation:
+        # finishing the sentence whose first clause went out ("I am Marla," "and there it
+        # ends."), else breaking off what it had begun to say.
+        said = [s for text in (*replies_in(history), given) for s in sentences(text)]
+        going_on = re.search(r"[,;:\u2014\u2013]\s*$", given) is not None
+        refusal = deflection(finding.kind, out.line.turn_id, said, going_on=going_on)
+        if going_on:
+            yield ("" if given.endswith(" ") else " ") + refusal
+        else:
+            yield ("— " if given else "") + refusal
+
+    def _line_filter(self, history: list[ChatMessage], line: str) -> LineFilter:
+        """The checks of one reply in a conversation whose messages so far are `history`."""
+        character = self.character
+        said = replies_in(history)
+        heard = [m.content for m in history if m.role == "user"]
+        return LineFilter(
+            forms=character.name_forms,
+            secrets=character.secrets,
+            heard=" ".join([*heard, line]),
+            earlier=[s for text in said for s in sentences(text)],
+            openings=[opening(text) for text in said],
+            instructions=character.instructions,
+            plain=character.plain,
+            own=character.persona.catchphrases,
+            asked=line,
+            known=character.known,
+            hold_words=self.stage.settings.dialogue.first_phrase_words,
+        )
+
+    def _lead(self, line: PlayerLine, history: list[ChatMessage]) -> str:
+        """How the reply to `line` begins: a catchphrase not yet said when the line greets
+        (`dialogue.greet_with_catchphrase`), else "" (the model begins it)."""
+        catchphrases = self.character.persona.catchphrases
+        if not (self.stage.settings.dialogue.greet_with_catchphrase and catchphrases):
+            return ""
+        if not greets(line.text) or not self.stage.router.can_continue("dialogue"):
+            return ""  # a remote endpoint without continue_final_message: the model begins
+        said = replies_in(history)
+        return greeting_lead(catchphrases, said, f"{line.session_id}\0{len(said)}")
+
+    async def generate(
+        self,
+        out: TurnOutput,
+        history: list[ChatMessage],
+        *tail: ChatMessage,
+        tail_again: TailAgain | None = None,
+        sampling: Sampling | None = None,
+        lead: str = "",
+    ) -> AsyncGenerator[str, None]:
+        """Stream a reply to `tail` after `history`, dropping the oldest exchanges while the
+        prompt overflows the context (`PromptWindow.open`); the engine's finish reason lands
+        in `out.reason`. `sampling`: the chat settings' when None; `lead`: the reply's start,
+        which the model continues (not streamed here).
+
+        Raises:
+            ContextOverflowError: even the persona and `tail` alone do not fit.
+        """
+        stats = self.stage.stats
+        stream = await self.window.open(
+            out.line.session_id,
+            tail,
+            sampling or chat_sampling(self.stage.settings.chat),
+            "tool_dialogue" if out.tool_calls else "dialogue",
+            history=history,
+            canned=self.character.canned(out.line.turn_id),
+            tail_again=tail_again,
+            lead=lead,
+        )
+        async with stream:
+            async for delta in stream:
+                if delta.text:
+                    out.model_tokens += 1
+                    yield delta.text
+                if delta.finish_reason == "length":
+                    out.reason = "length"
+                if delta.prompt_tokens:
+                    stats.reply_prompt_tokens += delta.prompt_tokens
+                    stats.reply_cached_tokens += delta.cached_tokens
+
+    async def _call_tool(
+        self,
+        out: TurnOutput,
+        history: list[ChatMessage],
+        user: ChatMessage,
+        tool: tuple[str, dict[str, Any]],
+    ) -> None:
+        """Send the call, wait for the game's Ack, then voice the result in a follow-up."""
+        name, args = tool
+        stage, npc_id = self.stage, self.character.npc_id
+        out.end_segment("tool_call")
+        self._enter(DialogueState.THINKING)
+        outcome = await stage.call_tool(out.line.session_id, npc_id, out.line.turn_id, name, args)
+        out.tool_calls.append({"name": name, "args": args, "status": outcome.status})
+        said = out.text().strip()
+        note = _tool_note(name, args, outcome)
+        self._remember_tool(out.line, name, args, outcome, note)
+        # The follow-up joins the history as the NPC's next words (in the turn's `finally`).
+        exchange = [
+            *out.context,
+            user,
+            ChatMessage("assistant", said or "..."),
+            ChatMessage("system", note),
+        ]
+        history += exchange
+        out.restart()
+        async with stage.speakers:  # the follow-up is speech again: one of the slots
+            self._enter(DialogueState.SPEAKING)
+            if stage.settings.dialogue.tool_voice == "template":
+                line = self._voice_template(name, args, outcome)
+                if line:
+                    out.say(line)
+                return
+            history_before = history[: -len(exchange)]
+            async for text in self.generate(out, history_before, *exchange, VOICE_RESULT):
+                out.say(text)
+
+    def _remember_tool(
+        self,
+        line: PlayerLine,
+        name: str,
+        args: dict[str, Any],
+        outcome: ToolOutcome,
+        note: str,
+    ) -> None:
+        """Archive a tool call; a gift the game confirmed becomes a salient fact."""
+        memory = self.stage.memory
+        if memory is None or line.player_id is None:
+            return
+        fact = None
+        if name == "give_item" and outcome.status == "ok":
+            gift = f"{self.character.short_name} gave the player {args.get('item')}"
+            fact = Fact(gift, 6, "gift")
+        memory.record_event(
+            self.character.npc_id,
+            line.player_id,
+            line.session_id,
+            note,
+            data={"tool": name, "args": args, "status": outcome.status},
+            fact=fact,
+        )
+
+    def _voice_template(self, name: str, args: dict[str, Any], outcome: ToolOutcome) -> str:
+        """What the NPC says about a tool call it made, without asking the model."""
+        if outcome.status != "ok":
+            return "Hm. That did not work."
+        place = self.character.place_name
+        match name:
+            case "set_waypoint":
+                return f"There: follow the mark to {place(args.get('target'))}."
+            case "set_marker":
+                return f"I've marked {place(args.get('location'))} on your map."
+            case "give_item":
+                return f"Here, take this: {args.get('item')}."
+            case "open_dialog":
+                return "Here, have a look."
+            case _:
+                return ""
+
+
+class TurnOutput:
+    """The deltas of one turn on the wire: numbered without gaps, phrase-buffered for speech,
+    ended by exactly one final delta per segment."""
+
+    def __init__(self, turns: Turns, line: PlayerLine) -> None:
+        self.stage = turns.stage
+        self.npc_id = turns.character.npc_id
+        self.line = line
+        self.seq = 0
+        self.reason: Finish = "stop"
+        self.intent: str | None = None
+        self.tool_calls: list[dict[str, Any]] = []
+        self.history_open = False
+        """The exchange and tool note are in the history; only the follow-up is missing."""
+        self.context: list[ChatMessage] = []
+        """The turn's context message (lore, scene), sent just before the line."""
+        self.answer: tuple[ChatMessage, ...] = ()
+        """The line answering the player's question, told after it
+        (`LineContext.answer_note`); never kept in the history."""
+        self._pieces: list[str] = []
+        self._segment_open = False
+        self._closed = False
+        dialogue = self.stage.settings.dialogue
+        self._phrases = PhraseBuffer(
+            min_s=dialogue.phrase_min_s,
+            max_s=dialogue.phrase_max_s,
+            first_words=dialogue.first_phrase_words,
+        )
+        self._max_sentences = dialogue.spoken_max_sentences if line.spoken else 0
+        self.phrases = 0
+        """Phrases of the reply given to speech (`Stage.phrase`, where the session has
+        voice) so far."""
+        self.capped = False
+        """The reply has said its `spoken_max_sentences`: the turn stops generating."""
+        self.model_tokens = 0
+        """Text deltas the model has streamed for this turn (every try)."""
+        self.first_phrase_tokens: int | None = None
+        self.caught: list[str] = []
+
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+    def _delta(self, text: str, *, final: bool = False, reason: Finish | None = None) -> None:
+        stage, line = self.stage, self.line
+        if self.seq == 0 and not final:
+            stage.stats.first_token(time.perf_counter() - line.received_at)
+        stage.send(
+            line.session_id,
+            LLMStreamDelta(
+                npc_id=self.npc_id,
+                session_id=line.session_id,
+                turn_id=line.turn_id,
+                seq=self.seq,
+                delta=text,
+                final=final,
+                finish_reason=reason,
+            ),
+        )
+        self.seq += 1
+
+    def say(self, text: str) -> None:
+        if self._max_sentences:
+            said = "".join(self._pieces)
+            end = sentences_end(said + text, self._max_sentences)
+            if end is not None:
+                self.capped = True
+                text = text[: max(end - len(said), 0)]
+                if not text:
+                    return
+        self._segment_open = True
+        self._pieces.append(text)
+        self._delta(text)
+        for phrase in self._phrases.push(text, time.perf_counter()):
+            self._phrase(phrase)
+
+    def _phrase(self, text: str) -> None:
+        if not self.phrases:
+            self.first_phrase_tokens = self.model_tokens
+        self.phrases += 1
+        self.stage.phrase(self.line.session_id, self.npc_id, self.line.turn_id, text)
+
+    def flush_phrases(self) -> None:
+        """Send the words the phrase buffer holds to speech (the reply has ended)."""
+        rest = self._phrases.flush()
+        if rest:
+            self._phrase(rest)
+
+    def end_segment(self, reason: Finish) -> None:
+        self.flush_phrases()
+        self._delta("", final=True, reason=reason)
+        self._segment_open = False
+
+    def restart(self) -> None:
+        """A follow-up segment of the same turn starts (after a tool call)."""
+        self._pieces = []
+        self._segment_open = True
+        self.history_open = True
+        self.reason = "stop"
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._segment_open or self.seq == 0 or self.reason in ("cutoff", "error"):
+                self.end_segment(self.reason)
+            self.stage.reply_done(self.line.session_id, self.npc_id, self.line.turn_id, self.reason)
+
+
+def _tool_note(name: str, args: dict[str, Any], outcome: ToolOutcome) -> str:
+    """The game's answer as a fact for the history: no instructions in it, which the model
+    would read back on a later turn."""
+    described = json.dumps(args, ensure_ascii=False)
+    result = json.dumps(outcome.result, ensure_ascii=False) if outcome.result else ""
+    why = f" ({outcome.message})" if outcome.message else ""
+    return (
+        f"Game event: {name} {described} -> {outcome.status}{why}{' ' + result if result else ''}"
+    )
