@@ -6,7 +6,6 @@ import asyncio
 import json
 import random
 import re
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -139,16 +138,28 @@ async def test_qwen_serves_sixteen_conversations_in_shared_batches(qwen: Engine)
     assert alone.text.split()[:3] == together[0].text.split()[:3]
 
 
+def _shared_calls(batch_sizes: dict[int, int]) -> int:
+    """Decode calls that carried two sequences or more (of `EngineMetrics.batch_sizes`)."""
+    return sum(calls for size, calls in batch_sizes.items() if size >= 2)
+
+
 async def test_requests_join_and_leave_a_running_batch(smollm: Engine) -> None:
     long = smollm.submit(ask("long", QUESTIONS[0], 60))
     async with asyncio.timeout(WAIT):
-        first = await anext(long)
+        await anext(long)
+        joining = smollm.metrics()
         short = await run(smollm, ask("short", QUESTIONS[1], 4))
+        leaving = smollm.metrics()
         rest = [d async for d in long]
+    after = smollm.metrics()
     assert short.tokens <= 4
-    # The long reply kept streaming while the short one joined and left.
-    assert first.text or rest
-    assert rest[-1].finish_reason in {"stop", "length"}
+    # The short reply joined the long one's decode calls (one alone never carries two)...
+    assert joining.running == 1
+    assert _shared_calls(leaving.batch_sizes) > _shared_calls(joining.batch_sizes)
+    # ...and left them while the long one kept streaming, alone.
+    assert after.batch_sizes.get(1, 0) > leaving.batch_sizes.get(1, 0)
+    assert _shared_calls(after.batch_sizes) == _shared_calls(leaving.batch_sizes)
+    assert any(d.text for d in rest) and rest[-1].finish_reason in {"stop", "length"}
 
 
 # -- cancellation ----------------------------------------------------------------------------
@@ -776,7 +787,19 @@ def test_interrupted_batched_decodes_are_redone_exactly(settings: MythicSettings
     from mythic.engine import load_backend
 
     backend = load_backend("smollm2-135m-instruct", settings.engine, n_seq_max=16)
+    assert isinstance(backend, LlamaCppBackend)
     rng = random.Random(7)
+    # The points are llama.cpp's polls of the abort callback (between graph nodes), counted
+    # by a callback of the test's in place of the backend's flag: the same points on any
+    # machine, however fast its decode calls.
+    polls = {"seen": 0, "most": 0, "stop_at": 0}
+
+    def poll(_: object) -> bool:
+        polls["seen"] += 1
+        polls["most"] = max(polls["most"], polls["seen"])
+        return polls["seen"] == polls["stop_at"]
+
+    backend._poll = backend._lib.ggml_abort_callback(poll)
     prompts = [
         backend.tokenize(q * 3, add_special=True, parse_special=False) for q in QUESTIONS[:6]
     ]
@@ -796,19 +819,14 @@ def test_interrupted_batched_decodes_are_redone_exactly(settings: MythicSettings
                 else SequenceChunk(seq, [last[i]], pos[i], True)
                 for i, seq in enumerate(seq_ids)
             ]
-            timer = threading.Timer(rng.uniform(0, 0.03), backend.interrupt)
+            polls["seen"], polls["stop_at"] = 0, 0
             if interrupts and rng.random() < 0.5:
-                timer.start()
+                polls["stop_at"] = rng.randint(1, polls["most"])
             try:
                 outputs = backend.decode(chunks, interruptible=True)
             except DecodeInterrupted:
                 stopped += 1
                 continue
-            finally:
-                timer.cancel()
-                if timer.is_alive():
-                    timer.join()
-                backend.clear_interrupt()
             for i, (chunk, index) in enumerate(zip(chunks, outputs, strict=True)):
                 pos[i] += len(chunk.tokens)
                 del todo[i][: len(chunk.tokens)]
