@@ -256,10 +256,10 @@ async def test_a_window_moved_past_old_exchanges_keeps_the_later_ones_cached(
     line = ChatMessage("user", "And the bells?")
     deltas = await run_stream(smollm.submit(GenerationRequest("shift", [*moved, line])))
     last = deltas[-1]
-    kept, _, _ = smollm._tokenize(GenerationRequest("shift", moved))
+    kept, _, _ = smollm._input._tokenize(GenerationRequest("shift", moved))
     assert smollm._cache.shifts == shifts + 1
-    persona = smollm._render([SYSTEM], add_generation_prompt=False)
-    assert smollm._tokenize(GenerationRequest("shift", [*moved, line]))[1] == len(persona)
+    persona = smollm._input._render([SYSTEM], add_generation_prompt=False)
+    assert smollm._input._tokenize(GenerationRequest("shift", [*moved, line]))[1] == len(persona)
     assert last.cached_tokens >= len(kept) - 4  # all but the few opening the new message
     assert "".join(d.text for d in deltas).strip()
     seq = smollm._cache._sessions[("shift", "default")]

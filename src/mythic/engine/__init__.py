@@ -13,7 +13,8 @@ from mythic.engine._backend import (
     SequenceChunk,
 )
 from mythic.engine._chat_format import ChatFormat, ChatMessage
-from mythic.engine._engine import Engine, EngineConfig, EngineMetrics
+from mythic.engine._config import EngineConfig
+from mythic.engine._engine import Engine, EngineMetrics
 from mythic.engine._errors import (
     AdapterBudgetError,
     AdapterError,

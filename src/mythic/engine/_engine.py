@@ -1,10 +1,11 @@
 """The shared engine: many NPCs' requests, one model, continuous batching.
 
 `submit` validates a request on the caller's thread (tokenize, grammar, adapters: errors come
-back before anything is queued) and hands it to the scheduler. One worker thread runs the loop:
-schedule a step, evaluate each adapter group in one backend call, sample every sequence that is
-due a token, fold the outcome back, and hand deltas to the waiting streams. The event loop never
-waits on the model: backend calls release the GIL and run on the worker.
+back before anything is queued; `_input`) and hands it to the scheduler. One worker thread runs
+the loop: schedule a step, evaluate each adapter group in one backend call, sample every
+sequence that is due a token, fold the outcome back and hand deltas to the waiting streams
+(`_output`). The event loop never waits on the model: backend calls release the GIL and run on
+the worker.
 
 LoRA adapters are loaded and unloaded while the engine runs (`load_adapter`, `unload_adapter`
 and their async forms): the worker does it between two steps, so no decode ever sees an adapter
@@ -15,19 +16,15 @@ change under it. Unloading an adapter that queued or running requests use is ref
 from __future__ import annotations
 
 import asyncio
-import codecs
 import concurrent.futures
-import json
 import logging
 import math
-import random
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from os import PathLike
-from typing import Any, Literal, Protocol
+from typing import Literal
 
 from mythic.config import EngineSettings
 from mythic.engine._backend import (
@@ -37,38 +34,32 @@ from mythic.engine._backend import (
     KVCacheFullError,
     SequenceChunk,
 )
-from mythic.engine._chat_format import ChatMessage
+from mythic.engine._config import EngineConfig
 from mythic.engine._errors import (
     AdapterError,
     AdapterInUseError,
-    ContextOverflowError,
     DeadlineExceeded,
     EngineClosedError,
     EngineError,
-    GrammarError,
     InvalidRequestError,
     Overloaded,
     UnknownAdapterError,
 )
-from mythic.engine._kvcache import CachedSequence, SequenceCache
+from mythic.engine._input import ActiveRequest, InputProcessor, Sink, adapter_key
+from mythic.engine._kvcache import SequenceCache
+from mythic.engine._output import fold_token, next_delta, ready_text
 from mythic.engine._request import (
-    Delta,
     FinishReason,
     GenerationRequest,
     RequestStream,
-    StreamItem,
     SyncRequestStream,
-    Timing,
 )
 from mythic.engine._scheduler import (
-    AdapterKey,
     Priority,
     ScheduledEntry,
     Scheduler,
-    SchedulerConfig,
     SchedulerOutput,
 )
-from mythic.engine._schema import enforceable_schema
 
 logger = logging.getLogger(__name__)
 
@@ -76,78 +67,6 @@ _IDLE_WAIT_S = 0.05
 """How often the worker wakes while requests wait, to expire deadlines on time."""
 _SAMPLES = 2048
 """Recent requests kept for latency percentiles."""
-
-
-@dataclass(slots=True)
-class EngineConfig:
-    """How the engine uses its backend."""
-
-    scheduler: SchedulerConfig
-    overflow: Literal["error", "truncate"] = "error"
-    prefix_min_tokens: int = 32
-    shift_min_tokens: int = 32
-    seed: int = -1
-    gold_preempts: bool = True
-
-    @classmethod
-    def for_backend(cls, backend: Backend, settings: EngineSettings | None = None) -> EngineConfig:
-        s = settings or EngineSettings()
-        return cls(
-            scheduler=SchedulerConfig(
-                max_batch_tokens=backend.n_batch,
-                max_batch_seqs=min(64, backend.n_batch),
-                prefill_chunk=min(s.prefill_chunk, backend.n_batch),
-                prefill_beside_gold=s.prefill_beside_gold,
-                max_seq_chunk=backend.max_seq_chunk,
-                burst_tokens=s.burst_tokens,
-                max_running=max(2, backend.n_seq_max - 2),
-                max_waiting=s.max_waiting,
-                kv_capacity=backend.n_ctx,
-                gold_kv_reserve=min(256, backend.n_ctx // 8),
-                mixed_adapters=backend.mixed_adapters,
-            ),
-            overflow=s.overflow,
-            prefix_min_tokens=s.prefix_min_tokens,
-            shift_min_tokens=s.shift_min_tokens,
-            seed=s.seed,
-            gold_preempts=s.gold_preempts,
-        )
-
-
-class _Sink(Protocol):
-    request_id: str
-
-    def _put(self, item: StreamItem) -> bool: ...
-
-
-@dataclass(slots=True)
-class _Active:
-    """Engine-side state of one request."""
-
-    request: GenerationRequest
-    sink: _Sink
-    prompt: list[int]
-    prefix_len: int
-    adapter_key: AdapterKey
-    sampler: object
-    stops: tuple[str, ...]
-    max_tokens: int
-    submitted: float
-    seq: CachedSequence | None = None
-    cached: int = 0
-    to_eval: list[int] = field(default_factory=list)
-    """Prompt tokens not yet evaluated."""
-    last_token: int | None = None
-    """Sampled, not yet evaluated."""
-    generated: int = 0
-    text: str = ""
-    sent: int = 0
-    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
-    scheduled_at: float | None = None
-    first_token_at: float | None = None
-    last_delta_at: float = 0.0
-    pending_tokens: int = 0
-    done: bool = False
 
 
 @dataclass(slots=True)
@@ -216,6 +135,7 @@ class Engine:
     def __init__(self, backend: Backend, config: EngineConfig | None = None) -> None:
         self.backend = backend
         self.config = config or EngineConfig.for_backend(backend)
+        self._input = InputProcessor(backend, self.config)
         self._lock = threading.Condition()
         self._scheduler = Scheduler(self.config.scheduler, on_admit=self._on_admit)
         self._cache = SequenceCache(
@@ -224,8 +144,8 @@ class Engine:
             self.config.prefix_min_tokens,
             shift_min_tokens=self.config.shift_min_tokens,
         )
-        self._active: dict[str, _Active] = {}
-        self._cancelled: list[_Active] = []
+        self._active: dict[str, ActiveRequest] = {}
+        self._cancelled: list[ActiveRequest] = []
         self._decoding: frozenset[str] = frozenset()
         """The requests of the decode call running now (set by the worker, under the lock)."""
         self._cancel_stop = False
@@ -328,10 +248,10 @@ class Engine:
             self._lock.notify()
             return True
 
-    def _enqueue(self, request: GenerationRequest, sink: _Sink) -> None:
+    def _enqueue(self, request: GenerationRequest, sink: Sink) -> None:
         if self._closing or self._dead is not None:
             raise EngineClosedError("the engine is closed")
-        active = self._prepare(request, sink)
+        active = self._input.prepare(request, sink, self._loaded)
         entry = ScheduledEntry(
             request_id=request.request_id,
             priority=request.priority,
@@ -350,7 +270,7 @@ class Engine:
                 raise InvalidRequestError(f"request id {request.request_id!r} is in use")
             try:
                 # Checked again under the lock: an unload may have run since `_prepare`.
-                self._adapter_key(request.adapters)
+                adapter_key(request.adapters, self._loaded)
             except UnknownAdapterError:
                 self.backend.free_sampler(active.sampler)
                 raise
@@ -371,193 +291,6 @@ class Engine:
                 self._gold_stop = True
                 self.backend.interrupt()
             self._lock.notify()
-
-    def _prepare(self, request: GenerationRequest, sink: _Sink) -> _Active:
-        s = request.sampling
-        if not request.npc_id:
-            raise InvalidRequestError("npc_id is empty")
-        if (request.messages is None) == (request.prompt is None):
-            raise InvalidRequestError("give exactly one of messages and prompt")
-        if not isinstance(request.priority, Priority):
-            raise InvalidRequestError(f"priority must be a Priority, not {request.priority!r}")
-        if request.deadline_s is not None and not request.deadline_s > 0:
-            raise InvalidRequestError("deadline_s must be a positive number of seconds")
-        if s.max_tokens < 1:
-            raise InvalidRequestError("max_tokens must be at least 1")
-        if not (math.isfinite(s.temperature) and s.temperature >= 0):
-            raise InvalidRequestError("temperature must be 0 (greedy) or more")
-        if not 0 < s.top_p <= 1 or s.top_k < 0 or not s.repeat_penalty > 0:
-            raise InvalidRequestError("top_p must be in (0, 1], top_k >= 0, repeat_penalty > 0")
-        if not (
-            math.isfinite(s.dry_multiplier)
-            and s.dry_multiplier >= 0
-            and math.isfinite(s.dry_base)
-            and s.dry_base >= 1
-            and s.dry_allowed_length >= 1
-            and s.dry_penalty_last_n >= -1
-            and all(s.dry_sequence_breakers)
-            and s.dry_scope in ("lines", "prompt", "reply")
-        ):
-            raise InvalidRequestError(
-                "DRY needs dry_multiplier >= 0, dry_base >= 1, dry_allowed_length >= 1, "
-                "dry_penalty_last_n >= -1, no empty sequence breaker and a dry_scope of "
-                "lines, prompt or reply"
-            )
-        if any(not stop for stop in s.stop):
-            raise InvalidRequestError("stop strings must not be empty")
-        if request.continue_text and request.messages is None:
-            raise InvalidRequestError("continue_text needs messages, not a raw prompt")
-        if request.json_schema is not None and request.grammar is not None:
-            raise InvalidRequestError("give a JSON schema or a grammar, not both")
-        adapter_key = self._adapter_key(request.adapters)
-
-        prompt, prefix_len, stops = self._tokenize(request)
-        limit = self.config.scheduler.kv_capacity
-        if request.priority is not Priority.GOLD:
-            limit -= self.config.scheduler.gold_kv_reserve
-        limit = min(limit, self.backend.n_ctx_seq)
-        if request.room_tokens < 0:
-            raise InvalidRequestError("room_tokens must be >= 0")
-        need = s.max_tokens + request.room_tokens
-        if need >= limit:
-            raise ContextOverflowError(
-                f"max_tokens={s.max_tokens} with room_tokens={request.room_tokens} leaves no "
-                f"room for a prompt in {limit} tokens"
-            )
-        if len(prompt) + need > limit:
-            prompt, prefix_len = self._fit(request, prompt, prefix_len, limit - need)
-
-        grammar = request.grammar
-        if request.json_schema is not None:
-            grammar = self.backend.json_schema_grammar(_schema_text(request.json_schema))
-        seed = s.seed if s.seed is not None else self.config.seed
-        if seed < 0:
-            seed = random.getrandbits(31)
-        said = self._said(request, prompt) if s.dry_multiplier > 0 else []
-        sampler = self.backend.make_sampler(s, seed, grammar, said=said)
-        return _Active(
-            request=request,
-            sink=sink,
-            prompt=prompt,
-            prefix_len=prefix_len,
-            adapter_key=adapter_key,
-            sampler=sampler,
-            stops=stops,
-            max_tokens=s.max_tokens,
-            submitted=time.monotonic(),
-        )
-
-    def _adapter_key(self, adapters: Mapping[str, float]) -> AdapterKey:
-        loaded = self._loaded
-        key = []
-        for name, scale in adapters.items():
-            if name not in loaded:
-                known = ", ".join(sorted(loaded)) or "none"
-                raise UnknownAdapterError(
-                    f"no adapter named {name!r} is loaded (loaded: {known})",
-                    fix="add it under engine.adapters in mythic.yaml, or load it with "
-                    "Engine.load_adapter",
-                )
-            if not math.isfinite(scale):
-                raise InvalidRequestError(f"adapter {name!r} has a non-finite scale")
-            if scale != 0:
-                key.append((name, float(scale)))
-        return tuple(sorted(key))
-
-    def _tokenize(self, request: GenerationRequest) -> tuple[list[int], int, tuple[str, ...]]:
-        """Prompt tokens, the length of its shareable system prefix, and the stop strings."""
-        stops = tuple(request.sampling.stop)
-        if request.prompt is not None:
-            tokens = self.backend.tokenize(request.prompt, add_special=True, parse_special=True)
-            if not tokens:
-                raise InvalidRequestError("the prompt is empty")
-            return tokens, 0, stops
-        messages = list(request.messages or ())
-        if not messages:
-            raise InvalidRequestError("messages is empty")
-        fmt = self.backend.chat_format
-        if fmt is None:
-            raise InvalidRequestError(
-                f"model {self.backend.name} has no chat template: send a raw prompt",
-                fix="set engine.chat_format for a GGUF whose template is not recognised",
-            )
-        tokens = self._render(messages)
-        if request.continue_text:
-            tokens += self.backend.tokenize(
-                request.continue_text, add_special=False, parse_special=False
-            )
-        # The shareable prefix is the first message, a system prompt (an NPC's persona):
-        # what follows (a player's memory, the conversation with its lore) is the session's
-        # own, and a prefix reaching into it would pin those cells (a window move could
-        # not cut them out of the session's sequence).
-        prefix_len = 0
-        if len(messages) > 1 and messages[0].role == "system":
-            head = self._render(messages[:1], add_generation_prompt=False)
-            if tokens[: len(head)] == head:
-                prefix_len = len(head)
-        return tokens, prefix_len, tuple(dict.fromkeys((*stops, *fmt.stop_strings)))
-
-    def _said(self, request: GenerationRequest, prompt: list[int]) -> list[int]:
-        """The tokens DRY counts as already said before the reply (`Sampling.dry_scope`)."""
-        scope = request.sampling.dry_scope
-        if scope == "prompt":
-            return prompt
-        tokenize = self.backend.tokenize
-        said: list[int] = []
-        if scope == "lines":
-            # A line break between lines: a breaker, so no repeat runs from one into the next.
-            brk = tokenize("\n", add_special=False, parse_special=False)
-            for message in request.messages or ():
-                if message.role == "assistant":
-                    said += tokenize(message.content, add_special=False, parse_special=False)
-                    said += brk
-        if request.continue_text:
-            # The reply's own start, given in the prompt.
-            said += tokenize(request.continue_text, add_special=False, parse_special=False)
-        return said
-
-    def _render(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
-    ) -> list[int]:
-        fmt = self.backend.chat_format
-        assert fmt is not None
-        tokens: list[int] = []
-        for text, template in fmt.render_segments(
-            messages, add_generation_prompt=add_generation_prompt
-        ):
-            tokens += self.backend.tokenize(text, add_special=False, parse_special=template)
-        return tokens
-
-    def _fit(
-        self, request: GenerationRequest, prompt: list[int], prefix_len: int, budget: int
-    ) -> tuple[list[int], int]:
-        if self.config.overflow == "error":
-            room = f" and room_tokens={request.room_tokens}" if request.room_tokens else ""
-            raise ContextOverflowError(
-                f"the prompt has {len(prompt)} tokens; with max_tokens="
-                f"{request.sampling.max_tokens}{room} at most {budget} fit",
-                fix="shorten the history, lower max_tokens, raise engine.n_ctx, or set "
-                "engine.overflow: truncate",
-            )
-        if request.prompt is not None:
-            # A raw prompt keeps its end: the most recent text matters most.
-            return prompt[len(prompt) - budget :], 0
-        messages = list(request.messages or ())
-        system = [m for m in messages if m.role == "system"]
-        rest = [m for m in messages if m.role != "system"]
-        while len(rest) > 1:
-            rest = rest[1:]
-            tokens = self._render([*system, *rest])
-            if request.continue_text:
-                tokens += self.backend.tokenize(
-                    request.continue_text, add_special=False, parse_special=False
-                )
-            if len(tokens) <= budget:
-                return tokens, prefix_len
-        raise ContextOverflowError(
-            f"even the system prompt and the last message need more than {budget} tokens",
-            fix="shorten the persona or the message, or raise engine.n_ctx",
-        )
 
     # -- the worker ----------------------------------------------------------------------------
 
@@ -641,7 +374,7 @@ class Engine:
     def _evaluate(self, out: SchedulerOutput, finished: list[str]) -> int:
         """Run the step's batches; returns how many ran (fewer when gold preempted the step)."""
         for done, batch in enumerate(out.batches):
-            items: list[tuple[_Active, list[int], bool]] = []
+            items: list[tuple[ActiveRequest, list[int], bool]] = []
             chunks: list[SequenceChunk] = []
             for chunk in batch.chunks:
                 active = self._active.get(chunk.request_id)
@@ -705,7 +438,7 @@ class Engine:
             self._cache.evict(0)
             return self.backend.decode(chunks, interruptible=interruptible)
 
-    def _accept(self, active: _Active, token: int) -> bool:
+    def _accept(self, active: ActiveRequest, token: int) -> bool:
         """Fold a sampled token into its request; True when the request is finished."""
         now = time.monotonic()
         if active.first_token_at is None:
@@ -718,60 +451,20 @@ class Engine:
                 self._cache.share_prefix(active.seq, active.prefix_len)
         if active.done:
             return False
-        if self.backend.is_end_of_generation(token):
-            self._finish(active, "stop")
+        generated = active.generated
+        reason = fold_token(active, token, self.backend)
+        self._counts["generated_tokens"] += active.generated - generated
+        if reason is not None:
+            self._finish(active, reason)
             return True
-        active.generated += 1
-        active.pending_tokens += 1
-        self._counts["generated_tokens"] += 1
-        active.last_token = token
-        active.text += active.decoder.decode(self.backend.piece(token))
-        if active.stops:
-            window = max(0, active.sent - max(len(stop) for stop in active.stops))
-            cut = min(
-                (i for i in (active.text.find(stop, window) for stop in active.stops) if i >= 0),
-                default=-1,
-            )
-            if cut >= 0:
-                active.text = active.text[:cut]
-                self._finish(active, "stop")
-                return True
-        if active.generated >= active.max_tokens:
-            active.text += active.decoder.decode(b"", final=True)
-            self._finish(active, "length")
-            return True
-        hold = _held_back(active.text, active.stops)
-        if len(active.text) - hold > active.sent:
-            self._emit(active, active.text[active.sent : len(active.text) - hold], None)
+        text = ready_text(active)
+        if text:
+            self._emit(active, text, None)
         return False
 
-    def _emit(self, active: _Active, text: str, reason: FinishReason | None) -> None:
-        now = time.monotonic()
-        since = now - (active.last_delta_at or active.submitted)
-        timing = Timing(
-            queue_wait_s=(active.scheduled_at or now) - active.submitted,
-            first_token_s=(
-                active.first_token_at - active.submitted if active.first_token_at else None
-            ),
-            token_s=since / max(active.pending_tokens, 1),
-            elapsed_s=now - active.submitted,
-        )
-        final = reason is not None
-        delivered = active.sink._put(
-            Delta(
-                request_id=active.request.request_id,
-                text=text,
-                tokens=active.pending_tokens,
-                timing=timing,
-                finish_reason=reason,
-                prompt_tokens=len(active.prompt) if final else 0,
-                cached_tokens=active.cached if final else 0,
-            )
-        )
-        active.sent += len(text)
-        active.pending_tokens = 0
-        active.last_delta_at = now
-        if not delivered and not final:
+    def _emit(self, active: ActiveRequest, text: str, reason: FinishReason | None) -> None:
+        delivered = active.sink._put(next_delta(active, text, reason))
+        if not delivered and reason is None:
             # The caller went away without cancelling (its event loop closed): stop now.
             with self._lock:
                 if not active.done:
@@ -782,7 +475,9 @@ class Engine:
     # The request is closed (sequence released, scheduler entry removed) before its caller
     # hears the end, so whoever reads the final delta sees the engine without it.
 
-    def _finish(self, active: _Active, reason: FinishReason, *, keep: int | None = None) -> None:
+    def _finish(
+        self, active: ActiveRequest, reason: FinishReason, *, keep: int | None = None
+    ) -> None:
         self._counts["cancelled" if reason == "cancelled" else "completed"] += 1
         if logger.isEnabledFor(logging.DEBUG):
             now, req = time.monotonic(), active.request
@@ -805,12 +500,14 @@ class Engine:
         self._close_request(active, keep=keep)
         self._emit(active, active.text[active.sent :], reason)
 
-    def _fail(self, active: _Active, error: BaseException) -> None:
+    def _fail(self, active: ActiveRequest, error: BaseException) -> None:
         self._counts["expired" if isinstance(error, DeadlineExceeded) else "failed"] += 1
         self._close_request(active, keep=None, discard=not isinstance(error, DeadlineExceeded))
         active.sink._put(error)
 
-    def _close_request(self, active: _Active, *, keep: int | None, discard: bool = False) -> None:
+    def _close_request(
+        self, active: ActiveRequest, *, keep: int | None, discard: bool = False
+    ) -> None:
         active.done = True
         with self._lock:
             if self._active.pop(active.request.request_id, None) is not None:
@@ -979,7 +676,7 @@ class Engine:
         with self._lock:
             self._counts["adapter_unloads"] += 1
 
-    def _release_adapters(self, active: _Active) -> None:
+    def _release_adapters(self, active: ActiveRequest) -> None:
         """A request is over: it no longer holds its adapters (called under the lock)."""
         for name, _ in active.adapter_key:
             self._adapter_users[name] -= 1
@@ -1055,28 +752,6 @@ class Engine:
                 first_token_p50_s=_percentile(firsts, 0.5),
                 first_token_p95_s=_percentile(firsts, 0.95),
             )
-
-
-def _schema_text(schema: Mapping[str, Any] | str) -> str:
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except ValueError as exc:
-            raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from exc
-    if not isinstance(schema, Mapping):
-        raise GrammarError("a JSON schema must be an object")
-    return json.dumps(enforceable_schema(dict(schema)))
-
-
-def _held_back(text: str, stops: tuple[str, ...]) -> int:
-    """Characters at the end of `text` that could be the start of a stop string."""
-    hold = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), hold, -1):
-            if text.endswith(stop[:n]):
-                hold = n
-                break
-    return hold
 
 
 def _percentile(sorted_values: list[float], q: float) -> float | None:
