@@ -81,17 +81,6 @@ ALLOWED: dict[str, set[str]] = {
 # ARCHITECTURE.md: "The bronze queue itself imports nothing above it"; only its workers use the
 # router.
 QUEUE = ("jobs/_queue.py", BASE | {"memory"})
-# Import cycles being undone elsewhere in issue 34, each cut at the edge its fix removes.
-# Remove an entry with that fix: the cycle test then guards the new shape.
-KNOWN_CYCLE_EDGES = {
-    # Issue 34 item 2: the Gateway's metrics and socket handlers type against the app module.
-    ("mythic.server._metrics", "mythic.server._app"),
-    ("mythic.server._socket", "mythic.server._app"),
-    # Issue 34 item 3: `cli/__init__.py` only assembles commands; commands take `out` and
-    # `_guard` from it today.
-    ("mythic.cli._archetypes", "mythic.cli"),
-    ("mythic.cli._plan", "mythic.cli"),
-}
 HEAVY = [
     "llama_cpp",
     "torch",
@@ -211,7 +200,7 @@ class ImportGraph:
                 found |= {self._defining(source, alias.name) for alias in node.names}
         return {name for name in found if name in self.trees and name != module}
 
-    def cycle(self, skip: set[tuple[str, str]]) -> list[str] | None:
+    def cycle(self) -> list[str] | None:
         """One import cycle (its modules, the first repeated at the end), or None."""
         done: set[str] = set()
         for start in sorted(self.edges):
@@ -225,7 +214,7 @@ class ImportGraph:
                     frames.pop()
                     on_path.discard(path.pop())
                     done.add(module)
-                elif (module, following) in skip or following in done:
+                elif following in done:
                     continue
                 elif following in on_path:
                     return [*path[path.index(following) :], following]
@@ -251,17 +240,16 @@ def test_the_cycle_check_sees_lazy_relative_and_re_exported_imports(tmp_path: Pa
     assert graph.edges["game.npc"] == {"game.npc._actor"}
     assert graph.edges["game.npc._cast"] == {"game.npc._lines"}
     assert graph.edges["game.npc._lines"] == {"game.npc._actor"}
-    assert graph.cycle(set()) is None
+    assert graph.cycle() is None
     (root / "npc" / "_actor.py").write_text("def act():\n    from game.npc._cast import cast\n")
     (root / "npc" / "_cast.py").write_text("from . import _lines\n")
-    cycle = ImportGraph(root).cycle(set())
+    cycle = ImportGraph(root).cycle()
     assert cycle == ["game.npc._actor", "game.npc._cast", "game.npc._lines", "game.npc._actor"]
-    assert ImportGraph(root).cycle({("game.npc._cast", "game.npc._lines")}) is None
 
 
 def test_no_module_imports_itself_through_others() -> None:
     """ARCHITECTURE.md: no import cycles, not even lazy or TYPE_CHECKING ones."""
-    cycle = ImportGraph(SRC).cycle(KNOWN_CYCLE_EDGES)
+    cycle = ImportGraph(SRC).cycle()
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
