@@ -32,8 +32,10 @@ PUBLIC = [
     "mythic.speech",
     "mythic.training",
     "mythic.archetypes",
+    "mythic.route",
     "mythic.jobs",
     "mythic.capacity",
+    "mythic.voice",
 ]
 
 # ARCHITECTURE.md: imports point down only. Each package may import the ones listed.
@@ -99,7 +101,7 @@ def test_import_loads_no_model_and_no_heavy_library() -> None:
     code = (
         "import sys, mythic, mythic.config, mythic.engine, mythic.knowledge, "
         "mythic.memory, mythic.route, mythic.dialogue, mythic.speech, mythic.training, "
-        "mythic.archetypes, mythic.jobs, mythic.capacity, mythic.cli\n"
+        "mythic.archetypes, mythic.jobs, mythic.capacity, mythic.voice, mythic.cli\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])"
     )
     result = subprocess.run(
