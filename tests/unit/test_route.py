@@ -8,9 +8,11 @@ server are in tests/integration/test_route.py.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 
 from mythic.config import (
@@ -22,12 +24,14 @@ from mythic.config import (
 )
 from mythic.engine import (
     ChatMessage,
+    Completion,
     ContextOverflowError,
     Delta,
     GenerationRequest,
     Timing,
 )
 from mythic.jobs import JobError, validate_job
+from mythic.knowledge import CHARS_PER_TOKEN
 from mythic.route import (
     Breaker,
     BreakerState,
@@ -308,6 +312,42 @@ def test_openai_request_body() -> None:
         "type": "json_object",
         "schema": schema,
     }
+
+
+@pytest.mark.parametrize(
+    ("usage", "tokens", "prompt_tokens"),
+    [
+        # The server's count wins over the chunks' (here two tokens came in one chunk).
+        ({"prompt_tokens": 11, "completion_tokens": 4}, 4, 11),
+        # A server that sends no usage: a token a chunk, and the prompt estimated.
+        (None, 3, len("Hi") // CHARS_PER_TOKEN + 4),
+    ],
+)
+async def test_a_remote_reply_counts_the_tokens_its_server_reports(
+    usage: dict[str, int] | None, tokens: int, prompt_tokens: int
+) -> None:
+    events = [
+        {"choices": [{"delta": {"content": text}, "finish_reason": None}]}
+        for text in ("Evening", ", friend", ".")
+    ]
+    events.append({"choices": [{"delta": {}, "finish_reason": "stop"}]})
+    if usage is not None:
+        events.append({"choices": [], "usage": usage})  # after the text, as OpenAI sends it
+    sse = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    seen: list[dict[str, Any]] = []
+
+    def serve(call: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(call.content))
+        return httpx.Response(200, text=sse, headers={"content-type": "text/event-stream"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+        settings = EndpointSettings(model="m", url="http://gpu-a/v1")
+        endpoint = OpenAIEndpoint("gpu-a", settings, client=client)
+        deltas = [d async for d in endpoint.stream(request())]
+    done = Completion.from_deltas("r", deltas)
+    assert seen[0]["stream_options"] == {"include_usage": True}
+    assert done.text == "Evening, friend." and done.finish_reason == "stop"
+    assert (done.tokens, done.prompt_tokens) == (tokens, prompt_tokens)
 
 
 def test_canned_lines_are_in_character_and_stable() -> None:

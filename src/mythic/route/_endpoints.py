@@ -242,7 +242,8 @@ class OpenAIEndpoint(Endpoint):
         last = start
         finish: FinishReason | None = None
         prompt_tokens = 0
-        tokens = 0
+        chunks = 0  # content chunks sent on, a token each until the server says how many
+        reported = 0  # the server's completion_tokens (0: it sends no usage)
         while True:
             limit = self.settings.first_token_timeout_s if first is None else None
             limit = limit or self.settings.token_timeout_s
@@ -269,7 +270,7 @@ class OpenAIEndpoint(Endpoint):
             usage = chunk.get("usage")
             if isinstance(usage, dict):
                 prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                tokens = int(usage.get("completion_tokens") or tokens)
+                reported = int(usage.get("completion_tokens") or 0)
             for choice in chunk.get("choices") or ():
                 text = (choice.get("delta") or {}).get("content") or ""
                 reason = choice.get("finish_reason")
@@ -278,12 +279,11 @@ class OpenAIEndpoint(Endpoint):
                 if text:
                     now = time.monotonic()
                     first = first or now
-                    tokens_here = 1
-                    tokens += tokens_here
+                    chunks += 1
                     yield Delta(
                         request_id=request.request_id,
                         text=text,
-                        tokens=tokens_here,
+                        tokens=1,
                         timing=Timing(0.0, first - start, now - last, now - start),
                     )
                     last = now
@@ -295,7 +295,10 @@ class OpenAIEndpoint(Endpoint):
         yield Delta(
             request_id=request.request_id,
             text="",
-            tokens=0,
+            # The usage comes after the text (`include_usage`): the last delta brings the
+            # deltas' sum from the chunks counted to the server's count (a server may send
+            # several tokens a chunk, or hold text back and send it later).
+            tokens=reported - chunks if reported else 0,
             timing=Timing(0.0, (first or now) - start, 0.0, now - start),
             finish_reason=finish,
             prompt_tokens=prompt_tokens,
