@@ -48,7 +48,7 @@ help:
 	@echo "make run    set up, then serve $(WORLD) (WebSocket + HTTP) and print how to talk to it"
 	@echo "make chat   set up, then talk to $(NPC) in the terminal on the embedded model"
 	@echo "make test   set up, then lint, type-check, build the docs and run the whole test suite"
-	@echo "make bench  run the benchmarks in bench/ (results in bench/results/)"
+	@echo "make bench  run every benchmark in bench/ on small settings (results in $(BENCH_RESULTS)/)"
 	@echo "llama.cpp build flags: $(LLAMA_CMAKE_ARGS)"
 	@echo "llama.cpp wheel cache: $(LLAMA_WHEELS)"
 
@@ -132,12 +132,28 @@ integration: setup
 e2e: setup
 	$(PY) -m pytest -m e2e
 
+# Every benchmark in bench/, each on small settings so that the whole set runs on a 2-core
+# machine; not bench/_results.py (the writer they share) nor bench/gpu/ (shell scripts that set
+# up and run them on a GPU machine, by hand). Their results go to $(BENCH_RESULTS): bench/results/
+# keeps the full runs (each script's defaults) that the README cites. memory.py needs the Redis
+# and PostgreSQL of the tests, voice.py the speech extra, peft_batch.py the train extra.
+BENCH_RESULTS ?= build/bench
+bench: export MYTHIC_BENCH_RESULTS = $(abspath $(BENCH_RESULTS))
 bench: setup
-	$(PY) bench/engine_single.py
-	$(PY) bench/engine_concurrency.py
-	$(PY) bench/retrieval.py
-	$(PY) bench/tiers.py
-	$(PY) bench/moves.py
+	$(PY) bench/engine_single.py --runs 2
+	$(PY) bench/engine_concurrency.py --quick
+	$(PY) bench/llama_build.py --runs 2
+	$(PY) bench/threads.py --runs 1
+	$(PY) bench/adapters.py --quick
+	$(PY) bench/peft_batch.py --model tiny --steps 10
+	$(PY) bench/retrieval.py --quick
+	$(PY) bench/memory.py --quick
+	$(PY) bench/tiers.py --gold 10 --speakers 2
+	$(PY) bench/moves.py --rounds 1
+	$(PY) bench/decision.py --rounds 1
+	$(PY) bench/server_load.py --quick
+	$(PY) bench/frame.py --seconds 5 --sizes 1000 --rounds 1
+	$(PY) bench/voice.py --speakers 1 --lines 4
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build/docs-site

@@ -16,7 +16,14 @@ def write_results(
 ) -> None:
     """Write `fields`, the machine, the time and `results` to `path` as JSON, and say so
     (unless `quiet`). The file is replaced whole: a bench stopped while writing leaves the
-    previous one."""
+    previous one.
+
+    Where `MYTHIC_BENCH_RESULTS` names a folder, the file goes there instead (`make bench`'s
+    small runs: bench/results/ keeps the full runs the README cites).
+    """
+    folder = os.environ.get("MYTHIC_BENCH_RESULTS")
+    if folder:
+        path = Path(folder).resolve() / path.name
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {
         **fields,

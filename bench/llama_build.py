@@ -14,10 +14,10 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from _results import write_results
 from mythic.config import load_settings
 from mythic.engine import ModelStore
 
@@ -87,14 +87,7 @@ def main() -> None:
             f"{r['prompt_vs_baseline']:>5.2f} {r['gen_tok_s']:>9.1f} {r['gen_vs_baseline']:>5.2f}"
         )
     print(f"(medians of {args.runs}; ratios against the first --python, measured in this run)")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {"benchmark": "llama_build", "unix_time": int(time.time()), "results": rows}, indent=2
-        )
-        + "\n"
-    )
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    write_results(RESULTS, ROOT, benchmark="llama_build", results=rows)
 
 
 if __name__ == "__main__":
