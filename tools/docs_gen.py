@@ -618,7 +618,31 @@ def _eval_lore() -> str:
     )
 
 
+def _eval_archetypes() -> str:
+    rows = []
+    for name in ("eval_archetype_zombie.json", "eval_archetype_vampire.json"):
+        data = _load(name)
+        for probe in data["probes"]:
+            adapter = probe["adapter"]
+            never = probe.get("violations") if probe["probe"] == "actions" else None
+            rows.append(
+                [
+                    data["archetype"],
+                    probe["probe"],
+                    f"{probe['base']:.2f}",
+                    f"{probe['adapter_score']:.2f}",
+                    f"{probe['gain']:+.2f}",
+                    f"{never['base']} / {never['adapter']}" if never else "",
+                    data["reasons"][adapter] if probe["probe"] != "style" else "",
+                ]
+            )
+    header = ["archetype", "probe", "base", "adapter", "gain", "never-intents (base / adapter)"]
+    header.append("gate")
+    return _table(header, rows) + "\nSource: `bench/results/eval_archetype_*.json`.\n"
+
+
 PERFORMANCE_TABLES: dict[str, Callable[[], str]] = {
+    "eval_archetypes": _eval_archetypes,
     "eval_lore": _eval_lore,
     "summary": summary_table,
     "engine_single": _engine_single,
