@@ -8,12 +8,14 @@ import contextlib
 import itertools
 import json
 import shutil
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from mythic.client import ConnectionLostError, MythicClient, ToolResult
@@ -650,7 +652,18 @@ async def test_http_endpoints(server: tuple[str, Gateway]) -> None:
         assert (await http.post("/v1/npcs/marla/say", json=too_long)).status_code == 422
         assert (await http.post("/v1/npcs/marla/say", content=b"{nope")).status_code == 422
         metrics = (await http.get("/metrics")).text
-        assert 'mythic_turns_total{finish="stop"}' in metrics or "mythic_turns_total" in metrics
+        answered = Counter(
+            r["finish_reason"] for r in (body, again.json(), *(r.json() for r in both))
+        )
+        turns = {
+            sample.labels["finish"]: sample.value
+            for family in text_string_to_metric_families(metrics)
+            if family.name == "mythic_turns"
+            for sample in family.samples
+            if sample.name == "mythic_turns_total"
+        }
+        # Each line answered above is counted, under the finish reason its reply gave.
+        assert all(turns.get(r, 0) >= n for r, n in answered.items()), (answered, turns)
         assert "mythic_engine_tokens_per_s" in metrics
 
 
