@@ -641,7 +641,54 @@ def _eval_archetypes() -> str:
     return _table(header, rows) + "\nSource: `bench/results/eval_archetype_*.json`.\n"
 
 
+def _decision() -> str:
+    data = _load("decision.json")
+    labels = {
+        "alone_ms": "decision alone",
+        "decision_ms": "decision beside replies",
+        "reply_first_ms": "replies' first token",
+        "reply_gap_ms": "replies' time between tokens",
+        "reply_total_ms": "replies' last token",
+    }
+    rows = [
+        [labels.get(measure, measure), config, _ms(r["p50"]), _ms(r["p95"]), _x(r["x_p50"])]
+        for measure, configs in data["summary"].items()
+        for config, r in configs.items()
+    ]
+    return (
+        f"Model {data['dialogue_model']}, {data['model_threads']} threads, {data['rounds']} "
+        "rounds; `before` is the engine without the two changes, the baseline of each "
+        "measure.\n\n"
+        + _table(["measure", "config", "p50", "p95", "x p50 vs before"], rows)
+        + "\n"
+        + _source("decision.json", data)
+    )
+
+
+def _threads() -> str:
+    data = _load("threads.json")
+    rows = data["results"]
+    base = next(r for r in rows if r["threads"] == 1 and r["busy"] == 0)
+    table = _table(
+        ["threads", "busy cores beside", "prompt tok/s", "x", "ms a token", "x"],
+        [
+            [
+                str(r["threads"]),
+                str(r["busy"]),
+                f"{r['prompt_tok_s']:.0f}",
+                _x(r["prompt_tok_s"] / base["prompt_tok_s"]),
+                _ms(r["step_ms"]),
+                _x(r["step_ms"] / base["step_ms"]),
+            ]
+            for r in rows
+        ],
+    )
+    return f"Model {data['model']}.\n\n" + table + "\n" + _source("threads.json", data)
+
+
 PERFORMANCE_TABLES: dict[str, Callable[[], str]] = {
+    "decision": _decision,
+    "threads": _threads,
     "eval_archetypes": _eval_archetypes,
     "eval_lore": _eval_lore,
     "summary": summary_table,
