@@ -962,6 +962,27 @@ def configuration_page() -> str:
     return "".join(out)
 
 
+def world_files_page() -> str:
+    """The world folder's files, from the card models `mythic.knowledge` exports."""
+    import mythic.knowledge as knowledge
+
+    out = [
+        "# World files reference\n\n",
+        "Generated from the card models of `mythic.knowledge` when the docs are built. A world "
+        "is a folder: `world.yaml` (a world card), `npcs/<id>.yaml` (one persona card per NPC; "
+        "the file name is its id) and lore in `lore/` (world-wide) and `lore/<zone>/`. "
+        "`mythic world check DIR` validates all of it. See [worlds](../guides/worlds.md).\n\n",
+    ]
+    for title, cls in (
+        ("`world.yaml`: WorldCard", knowledge.WorldCard),
+        ("`zones` entries: Zone", knowledge.Zone),
+        ("`npcs/<id>.yaml`: Persona", knowledge.Persona),
+    ):
+        text, _ = _settings_section(cls, None)
+        out += [f"## {title}\n\n", text, "\n"]
+    return "".join(out)
+
+
 # -- the mkdocs hook ------------------------------------------------------------------------------
 
 
@@ -972,6 +993,7 @@ def pages() -> dict[str, str]:
     generated = {
         "reference/protocol.md": protocol_page(),
         "reference/configuration.md": configuration_page(),
+        "reference/world-files.md": world_files_page(),
         "architecture.md": (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8"),
     }
     for name, schema in contracts.json_schemas().items():
