@@ -29,7 +29,8 @@ class DialogueSettings(Section):
     lines on the sentence embedder retrieval uses (milliseconds, no engine slot; the model
     only writes the item of a `give_item`), the tool's target a place the line names;
     `model`: a constrained gold request on the intent model. Measured on the held-out world
-    with the 0.5B model, `model` got 24 of 34 actions right (README, "Actions"). Without the
+    with the 0.5B model, `model` got 24 of 34 actions right (actions_coldiron_model.json in
+    bench/results; docs/guides/characters.md, "Actions"). Without the
     embedder (the `rag` extra), `model`."""
 
     decision_max_tokens: int = Field(default=64, ge=8, le=512)
@@ -121,7 +122,7 @@ class DialogueSettings(Section):
     retrieved as its best answer when that line shares a word with it
     (`mythic.knowledge.answer_line`): the small default model reads one fact told last more
     reliably than the same fact among twenty lines. Not kept in the history. Off until it is
-    measured on a world it was not tried on (README, "The answer told last")."""
+    measured on a world it was not tried on (docs/guides/characters.md)."""
 
     greet_with_catchphrase: bool = True
     """A reply to a greeting ("Good evening!", "Hello there") begins with one of the card's
