@@ -1,13 +1,14 @@
 """Turn orchestration: NPC actors, their dialogue state machine, intents and game tool calls.
 
-`Conversation` is the terminal's single-NPC path; `Cast` runs the NPCs of a server, one actor
-per active NPC, and talks to the game through an `Outbox` of v1 messages.
+`Cast` runs the NPCs of a server, one actor per active NPC, and talks to the game through an
+`Outbox` of v1 messages; `open_chat` plays one NPC of a cast in process, for the terminal.
 """
 
 from mythic.dialogue._actor import NPCActor
 from mythic.dialogue._cast import Cast, UnknownCallError, UnknownNPCError
 from mythic.dialogue._character import Scene
-from mythic.dialogue._conversation import Conversation, PlayerInputError
+from mythic.dialogue._chat import Chat, PlayerInputError, open_chat
+from mythic.dialogue._conversation import Conversation
 from mythic.dialogue._line_filter import LineFilter
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError, MailboxFullError
 from mythic.dialogue._naturalness import (
@@ -71,6 +72,7 @@ __all__ = [
     "TOOLS_BY_INTENT",
     "TRANSITIONS",
     "Cast",
+    "Chat",
     "Conversation",
     "DialogueState",
     "DialogueStateMachine",
@@ -113,6 +115,7 @@ __all__ = [
     "narrates_self",
     "normalise",
     "npc_tools",
+    "open_chat",
     "opening",
     "persona_prompt",
     "reminder",

@@ -97,7 +97,7 @@ class Cast:
         self._no_classifier = settings.dialogue.decider != "classifier"
         self.stage = Stage(
             world,
-            world_words(world.texts()),
+            frozenset(),  # `_world_changed` reads the world's words
             router,
             settings,
             outbox,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from mythic._errors import MythicError
 from mythic.config import ChatSettings
+from mythic.dialogue._chat import PlayerInputError
 from mythic.dialogue._turn import chat_sampling
 from mythic.engine import (
     ChatMessage,
@@ -23,10 +23,6 @@ from mythic.engine import (
 from mythic.knowledge import World, persona_prompt
 
 MAX_PLAYER_LINE = 2000
-
-
-class PlayerInputError(MythicError):
-    """The player's line cannot be used (empty, too long); the conversation goes on."""
 
 
 class Conversation:

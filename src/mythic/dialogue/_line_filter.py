@@ -155,9 +155,9 @@ class LineFilter:
         if self._grams is None:
             grams: set[tuple[str, ...]] = set()
             for line in (*self.instructions, *self.plain):
-                told = normalise(line).split()
+                prompt = normalise(line).split()
                 for n in (2, 3, 4):
-                    grams.update(tuple(told[i : i + n]) for i in range(len(told) - n + 1))
+                    grams.update(tuple(prompt[i : i + n]) for i in range(len(prompt) - n + 1))
             self._grams = frozenset(grams)
         if self._off_topic() and self._sentence:
             # The player's off-topic line said back ("The last football World Cup was won"):

@@ -325,8 +325,8 @@ def _about(asked: str, secret: Secret) -> bool:
         words = r"\s+".join(re.escape(w) for w in identity.split())
         if re.search(rf"(?<!\w){words}(?!\w)", asked, re.IGNORECASE):
             return True
-    told = set(telling(secret.taboo))
-    return any(w[:5] in told for w in _WORDS.findall(asked.lower()) if len(w) >= 5)
+    giveaways = set(telling(secret.taboo))
+    return any(w[:5] in giveaways for w in _WORDS.findall(asked.lower()) if len(w) >= 5)
 
 
 def telling(taboo: str) -> tuple[str, ...]:
@@ -649,13 +649,13 @@ def echoes(
         if any(len(s.split()) >= 3 and normalise(s) in own for s in sentences(line)):
             return line
     for line in instructions:
-        told = normalise(line).split()
+        instructed = normalise(line).split()
         # A line shorter than `words` (a style: "wry, concise, suspicious of strangers") is
         # read back when all of it is said, from four words.
-        n = min(words, len(told))
+        n = min(words, len(instructed))
         if n < 4 or len(said) < n:
             continue
-        runs = {tuple(told[i : i + n]) for i in range(len(told) - n + 1)}
+        runs = {tuple(instructed[i : i + n]) for i in range(len(instructed) - n + 1)}
         covered = [False] * len(said)
         for i in range(len(said) - n + 1):
             if tuple(said[i : i + n]) in runs:

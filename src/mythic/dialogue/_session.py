@@ -27,7 +27,7 @@ class Session:
     player: str | None = None
     """The player the session belongs to (sessions that name one)."""
     recalled: bool = False
-    """The session's memory section was built (at its first line or warm-up)."""
+    """The session's memory section was built (at its first line or its prefill)."""
     memory: ChatMessage | None = None
     """The `## Recent Memory` message its prompts carry: built once, at the session's first
     line, so every later prompt extends the previous one."""

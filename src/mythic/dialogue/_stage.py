@@ -69,7 +69,7 @@ class DialogueStats:
     actor_restarts: int = 0
     phrases: int = 0
     warm_ups: int = 0
-    """Reply prompts prepared while the player was still speaking (`PrepareLine`)."""
+    """Prefills: reply prompts prepared while the player was still speaking (`PrepareLine`)."""
     capped: int = 0
     """Spoken replies stopped at `dialogue.spoken_max_sentences` sentences."""
     caught: Counter[str] = field(default_factory=Counter)
@@ -78,7 +78,7 @@ class DialogueStats:
     reply_prompt_tokens: int = 0
     """Prompt tokens of replies, ..."""
     reply_cached_tokens: int = 0
-    """... of them found in the KV cache (the session's earlier turns, a warm-up, a shared
+    """... of them found in the KV cache (the session's earlier turns, a prefill, a shared
     persona prefix) rather than evaluated when the line came."""
     first_tokens: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
     """Seconds from a player line's arrival to its first reply delta."""

@@ -101,13 +101,13 @@ class PromptWindow:
         )
         return messages
 
-    def spoken_cut(self, told: LineContext) -> LineContext:
-        """`told` with its lore cut to `more_lore_tokens` (the most relevant lines): what a
+    def spoken_cut(self, context: LineContext) -> LineContext:
+        """`context` with its lore cut to `more_lore_tokens` (the most relevant lines): what a
         spoken line evaluates after the player stops, when nothing was prepared."""
         budget = self.more_lore_chars
-        if not told.lore or len(told.lore) <= budget:
-            return told
-        return told.head(budget, at_least_one=False)
+        if not context.lore or len(context.lore) <= budget:
+            return context
+        return context.head(budget, at_least_one=False)
 
     async def context(self, session_id: str, text: str) -> LineContext:
         """What this turn's prompt tells beyond what the session's conversation told already:

@@ -1,0 +1,86 @@
+"""The terminal's chat in process (`open_chat`): the server's cast and actors on the real model."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from mythic.config import MythicSettings
+from mythic.dialogue import PlayerInputError, UnknownNPCError, open_chat
+from mythic.engine import Engine
+from mythic.knowledge import load_world
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(900),  # retrieval, memory and several replies, on 2 shared cores
+]
+
+
+def _short(settings: MythicSettings, data_dir: Path) -> MythicSettings:
+    chat = settings.chat.model_copy(update={"max_tokens": 40, "temperature": 0.0})
+    memory = settings.memory.model_copy(update={"data_dir": data_dir})
+    return settings.model_copy(update={"chat": chat, "memory": memory})
+
+
+async def test_a_chat_streams_the_npcs_replies_and_keeps_the_servers_history(
+    qwen: Engine, example_world: Path, settings: MythicSettings, tmp_path: Path
+) -> None:
+    world = load_world(example_world)
+    async with (
+        asyncio.timeout(600),
+        open_chat(world, "marla", _short(settings, tmp_path), engine=qwen) as chat,
+    ):
+        assert chat.persona.name == world.npc("marla").name
+        pieces = [piece async for piece in chat.say("Good evening. What is this place?")]
+        assert len(pieces) > 1, "the reply was not streamed"
+        reply = "".join(pieces).strip()
+        assert reply and "<|im_" not in reply
+        spoken = [m for m in chat.history if m.role != "system"]
+        assert [m.role for m in spoken] == ["user", "assistant"]
+        assert spoken[0].content == "Good evening. What is this place?"
+        assert chat.last_turn is not None and chat.last_turn.text == reply
+
+        before = chat.history
+        for line in ["", "   \n ", "x" * 4001]:
+            with pytest.raises(PlayerInputError):
+                [piece async for piece in chat.say(line)]
+        assert chat.history == before  # a bad line leaves the conversation as it was
+
+        assert "".join([piece async for piece in chat.say("And what do you sell?")]).strip()
+        # The NPC may have acted on the line (a tool call, its result voiced): the server's
+        # history has both lines and the replies after each.
+        history = chat.history
+        assert [m.content for m in history if m.role == "user"] == [
+            "Good evening. What is this place?",
+            "And what do you sell?",
+        ]
+        assert history[-1].role == "assistant"
+
+
+async def test_a_reply_cut_off_is_kept_and_the_chat_goes_on(
+    qwen: Engine, example_world: Path, settings: MythicSettings, tmp_path: Path
+) -> None:
+    """Leaving the stream early (Ctrl-C in the terminal) cuts the NPC off, as a barge-in."""
+    world = load_world(example_world)
+    async with (
+        asyncio.timeout(600),
+        open_chat(world, "marla", _short(settings, tmp_path), engine=qwen, player_id=None) as chat,
+    ):
+        stream = chat.say("Tell me everything about this town, street by street.")
+        first = await anext(stream)
+        await stream.aclose()
+        assert first
+        answer = "".join([piece async for piece in chat.say("Hello?")]).strip()
+        assert answer
+        assert chat.last_turn is not None and chat.last_turn.turn_id == "t2"
+
+
+async def test_an_npc_the_world_lacks_is_refused(
+    qwen: Engine, example_world: Path, settings: MythicSettings, tmp_path: Path
+) -> None:
+    world = load_world(example_world)
+    with pytest.raises(UnknownNPCError):
+        async with open_chat(world, "nobody", _short(settings, tmp_path), engine=qwen):
+            pass
