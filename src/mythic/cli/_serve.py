@@ -14,31 +14,6 @@ from mythic.cli._options import ConfigOption, JsonOption
 from mythic.config import ServerSettings
 
 
-def usage(
-    server: Annotated[
-        str, typer.Option("--server", "-s", help="The server's HTTP address.")
-    ] = "http://127.0.0.1:8765",
-    as_json: JsonOption = False,
-) -> None:
-    """Requests, tokens and model time per tier and per NPC, from a running server."""
-    data = call_server("GET", f"{server.rstrip('/')}/v1/usage")
-    if as_json:
-        out.print(json.dumps(data, indent=2))
-        return
-    for title, rows in (("tier", data["tiers"]), ("npc", data["npcs"])):
-        out.print(
-            f"{title:<16} {'requests':>9} {'prompt tok':>11} {'gen tok':>9} {'seconds':>9}"
-            "  outcomes"
-        )
-        for name, row in rows.items():
-            outcomes = ", ".join(f"{k} {v}" for k, v in sorted(row["outcomes"].items()))
-            out.print(
-                f"{name:<16} {row['requests']:>9} {row['prompt_tokens']:>11} "
-                f"{row['completion_tokens']:>9} {row['seconds']:>9.2f}  {outcomes}"
-            )
-        out.print("")
-
-
 def serve(
     world: Annotated[Path, typer.Option("--world", "-w", help="World folder.")],
     host: Annotated[
@@ -91,3 +66,28 @@ def serve(
             raise MythicError(f"cannot listen on {server.host}:{server.port}: {exc}") from exc
 
     guard(run)
+
+
+def usage(
+    server: Annotated[
+        str, typer.Option("--server", "-s", help="The server's HTTP address.")
+    ] = "http://127.0.0.1:8765",
+    as_json: JsonOption = False,
+) -> None:
+    """Requests, tokens and model time per tier and per NPC, from a running server."""
+    data = call_server("GET", f"{server.rstrip('/')}/v1/usage")
+    if as_json:
+        out.print(json.dumps(data, indent=2))
+        return
+    for title, rows in (("tier", data["tiers"]), ("npc", data["npcs"])):
+        out.print(
+            f"{title:<16} {'requests':>9} {'prompt tok':>11} {'gen tok':>9} {'seconds':>9}"
+            "  outcomes"
+        )
+        for name, row in rows.items():
+            outcomes = ", ".join(f"{k} {v}" for k, v in sorted(row["outcomes"].items()))
+            out.print(
+                f"{name:<16} {row['requests']:>9} {row['prompt_tokens']:>11} "
+                f"{row['completion_tokens']:>9} {row['seconds']:>9.2f}  {outcomes}"
+            )
+        out.print("")
