@@ -190,22 +190,24 @@ async def test_remote_endpoint_streams_a_constrained_reply(
         "additionalProperties": False,
     }
     request = dialogue(max_tokens=24, json_schema=schema)
+    endpoint = router.states["remote"].endpoint
+    assert isinstance(endpoint, OpenAIEndpoint)
+    # The same request whole first, straight to the server: its own usage to check against,
+    # and its grammar set up (seconds on a fresh server, past the short first-token timeout).
+    whole = endpoint.body(request) | {"stream": False}
+    del whole["stream_options"]
+    async with httpx.AsyncClient(timeout=120) as client:
+        answer = (await client.post(f"{remote.url}/chat/completions", json=whole)).json()
     stream = await router.open(request, "intent")
     async with stream:
         done = await stream.collect()
     assert stream.served_by == "remote"
     assert json.loads(done.text)["intent"] in ("chitchat", "trade", "combat")
-    # This server (llama-cpp-python's) sends no usage while streaming: a token a chunk, and the
-    # prompt estimated; the count agrees with the one it reports for the same request whole.
+    assert done.text == answer["choices"][0]["message"]["content"]
+    # This server (llama-cpp-python's) sends no usage while streaming: a token a chunk, as many
+    # as it reports for the request whole, and the prompt estimated.
+    assert done.tokens == answer["usage"]["completion_tokens"]
     assert done.prompt_tokens == approx_prompt_tokens(request)
-    endpoint = router.states["remote"].endpoint
-    assert isinstance(endpoint, OpenAIEndpoint)
-    whole = endpoint.body(request) | {"stream": False}
-    del whole["stream_options"]
-    async with httpx.AsyncClient(timeout=60) as client:
-        answer = await client.post(f"{remote.url}/chat/completions", json=whole)
-    assert answer.json()["choices"][0]["message"]["content"] == done.text
-    assert done.tokens == answer.json()["usage"]["completion_tokens"]
     assert router.usage.summary()["tiers"]["gold"]["outcomes"] == {"ok": 1}
     await router.aclose()
 
