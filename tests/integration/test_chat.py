@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mythic.config import MythicSettings
-from mythic.dialogue import PlayerInputError, UnknownNPCError, open_chat
+from mythic.dialogue import Chat, PlayerInputError, UnknownNPCError, open_chat
 from mythic.engine import Engine
 from mythic.knowledge import load_world
+from tests.conftest import EXAMPLE_WORLD
 
 pytestmark = [
     pytest.mark.integration,
@@ -18,21 +21,21 @@ pytestmark = [
 ]
 
 
-def _short(settings: MythicSettings, data_dir: Path) -> MythicSettings:
+def _chat(
+    engine: Engine, settings: MythicSettings, data_dir: Path, npc_id: str = "marla", **kw: Any
+) -> AbstractAsyncContextManager[Chat]:
+    """A chat on the example world with short greedy replies, its memory in `data_dir`."""
     chat = settings.chat.model_copy(update={"max_tokens": 40, "temperature": 0.0})
     memory = settings.memory.model_copy(update={"data_dir": data_dir})
-    return settings.model_copy(update={"chat": chat, "memory": memory})
+    short = settings.model_copy(update={"chat": chat, "memory": memory})
+    return open_chat(load_world(EXAMPLE_WORLD), npc_id, short, engine=engine, **kw)
 
 
 async def test_a_chat_streams_the_npcs_replies_and_keeps_the_servers_history(
-    qwen: Engine, example_world: Path, settings: MythicSettings, tmp_path: Path
+    qwen: Engine, settings: MythicSettings, tmp_path: Path
 ) -> None:
-    world = load_world(example_world)
-    async with (
-        asyncio.timeout(600),
-        open_chat(world, "marla", _short(settings, tmp_path), engine=qwen) as chat,
-    ):
-        assert chat.persona.name == world.npc("marla").name
+    async with asyncio.timeout(600), _chat(qwen, settings, tmp_path) as chat:
+        assert chat.persona.name == load_world(EXAMPLE_WORLD).npc("marla").name
         pieces = [piece async for piece in chat.say("Good evening. What is this place?")]
         assert len(pieces) > 1, "the reply was not streamed"
         reply = "".join(pieces).strip()
@@ -60,14 +63,10 @@ async def test_a_chat_streams_the_npcs_replies_and_keeps_the_servers_history(
 
 
 async def test_a_reply_cut_off_is_kept_and_the_chat_goes_on(
-    qwen: Engine, example_world: Path, settings: MythicSettings, tmp_path: Path
+    qwen: Engine, settings: MythicSettings, tmp_path: Path
 ) -> None:
     """Leaving the stream early (Ctrl-C in the terminal) cuts the NPC off, as a barge-in."""
-    world = load_world(example_world)
-    async with (
-        asyncio.timeout(600),
-        open_chat(world, "marla", _short(settings, tmp_path), engine=qwen, player_id=None) as chat,
-    ):
+    async with asyncio.timeout(600), _chat(qwen, settings, tmp_path, player_id=None) as chat:
         stream = chat.say("Tell me everything about this town, street by street.")
         first = await anext(stream)
         await stream.aclose()
@@ -78,9 +77,8 @@ async def test_a_reply_cut_off_is_kept_and_the_chat_goes_on(
 
 
 async def test_an_npc_the_world_lacks_is_refused(
-    qwen: Engine, example_world: Path, settings: MythicSettings, tmp_path: Path
+    qwen: Engine, settings: MythicSettings, tmp_path: Path
 ) -> None:
-    world = load_world(example_world)
     with pytest.raises(UnknownNPCError):
-        async with open_chat(world, "nobody", _short(settings, tmp_path), engine=qwen):
+        async with _chat(qwen, settings, tmp_path, "nobody"):
             pass

@@ -173,18 +173,17 @@ async def open_chat(
         UnknownNPCError: the world has no such NPC.
         ModelError: the engine's model cannot chat (no chat template).
     """
-    if router is None:
-        if engine is None:
-            raise ValueError("give an engine or a router")
-        if engine.backend.chat_format is None:
-            raise ModelError(
-                f"model {engine.backend.name} has no chat template (a base model); it cannot chat",
-                fix="use a chat model, e.g. --model qwen2.5-coder-0.5b-instruct, or set "
-                "engine.chat_format for your own GGUF",
-            )
+    if router is None and engine is None:
+        raise ValueError("give an engine or a router")
+    if engine is not None and engine.backend.chat_format is None:
+        raise ModelError(
+            f"model {engine.backend.name} has no chat template (a base model); it cannot chat",
+            fix="use a chat model, e.g. --model qwen2.5-coder-0.5b-instruct, or set "
+            "engine.chat_format for your own GGUF",
+        )
     async with contextlib.AsyncExitStack() as opened:
         if router is None:
-            assert engine is not None
+            assert engine is not None  # checked above
             router = local_router(settings, engine)
             router.start()
             opened.push_async_callback(router.aclose)
