@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 from mythic.config import MythicSettings
-from mythic.dialogue import Chat, PlayerInputError, UnknownNPCError, open_chat
-from mythic.engine import Engine
+from mythic.dialogue import Chat, PlayerInputError, UnknownNPCError, open_chat, persona_prompt
+from mythic.engine import Engine, ModelError
 from mythic.knowledge import load_world
+from mythic.memory import Memory
 from tests.conftest import EXAMPLE_WORLD
+from tests.integration.conftest import load_engine
 
 pytestmark = [
     pytest.mark.integration,
@@ -36,6 +38,7 @@ async def test_a_chat_streams_the_npcs_replies_and_keeps_the_servers_history(
 ) -> None:
     async with asyncio.timeout(600), _chat(qwen, settings, tmp_path) as chat:
         assert chat.persona.name == load_world(EXAMPLE_WORLD).npc("marla").name
+        assert chat.persona.name in chat.cast.actor("marla").system.content
         pieces = [piece async for piece in chat.say("Good evening. What is this place?")]
         assert len(pieces) > 1, "the reply was not streamed"
         reply = "".join(pieces).strip()
@@ -76,9 +79,64 @@ async def test_a_reply_cut_off_is_kept_and_the_chat_goes_on(
         assert chat.last_turn is not None and chat.last_turn.turn_id == "t2"
 
 
+async def test_closing_a_chat_summarises_it_into_memory(
+    qwen: Engine, settings: MythicSettings, tmp_path: Path
+) -> None:
+    """The chat's end is a session's end: the NPC's memory of the player gets its summary."""
+    memory_settings = settings.memory.model_copy(update={"data_dir": tmp_path})
+    async with asyncio.timeout(600), Memory(memory_settings) as memory:
+        async with _chat(qwen, settings, tmp_path, memory=memory) as chat:
+            assert "".join([piece async for piece in chat.say("I am Tom, a smith from the east.")])
+        entry = memory.recall("marla", "player")
+        assert entry is not None and entry.summaries and not entry.pending
+
+
 async def test_an_npc_the_world_lacks_is_refused(
     qwen: Engine, settings: MythicSettings, tmp_path: Path
 ) -> None:
     with pytest.raises(UnknownNPCError):
         async with _chat(qwen, settings, tmp_path, "nobody"):
             pass
+
+
+async def test_old_turns_drop_out_when_the_context_fills(
+    settings: MythicSettings, tmp_path: Path
+) -> None:
+    """The prompt window moves past the oldest exchanges where the next line would overflow
+    the model's context; the history keeps them."""
+    engine = load_engine("smollm2-135m-instruct", settings, n_ctx=1024)
+    try:
+        async with asyncio.timeout(600), _chat(engine, settings, tmp_path) as chat:
+            # Long lines, so eight exchanges overflow 1024 tokens however short the replies are.
+            story = (
+                "I have heard strange stories about the fog, the bells, the river and the marsh. "
+            )
+            for i in range(8):
+                line = f"Tell me about night number {i} in this city. {story * 2}"
+                assert "".join([piece async for piece in chat.say(line)]).strip()
+            users = [m.content for m in chat.history if m.role == "user"]
+            assert len(users) == 8
+            # The window the next prompt keeps has the last line and no longer the first.
+            actor = chat.cast.actor(chat.npc_id)
+            starts = actor.window.starts(chat.session_id)
+            kept = " ".join(m.content for m in chat.history[starts[0] :]) if starts else ""
+            assert "night number 7" in kept
+            assert "night number 0" not in kept
+    finally:
+        engine.close()
+
+
+async def test_a_base_model_cannot_chat(
+    gemma: Engine, settings: MythicSettings, tmp_path: Path
+) -> None:
+    with pytest.raises(ModelError, match="no chat template"):
+        async with _chat(gemma, settings, tmp_path):
+            pass
+
+
+def test_every_example_persona_fits_a_small_context() -> None:
+    world = load_world(EXAMPLE_WORLD)
+    for persona in world.npcs.values():
+        prompt = persona_prompt(world, persona)
+        assert persona.name in prompt and persona.style in prompt
+        assert len(prompt) < 4000

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Annotated
+from queue import SimpleQueue
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from mythic._errors import MythicError
 from mythic.cli._console import err, guard, load_config, out
 from mythic.cli._options import ConfigOption
+
+if TYPE_CHECKING:
+    from mythic.dialogue import Chat
 
 
 def chat(
@@ -62,7 +71,7 @@ def chat(
     if world is None:
         err.print("error: give --world (embedded model) or --server URL", style="bold red")
         raise typer.Exit(2)
-    from mythic.dialogue import Conversation, PlayerInputError
+    from mythic.dialogue import open_chat
     from mythic.engine import Engine
     from mythic.knowledge import load_world
 
@@ -77,35 +86,132 @@ def chat(
     err.print(f"Loading {name} ...")
     engine = guard(lambda: Engine.load(settings.engine, name))
     try:
-        conversation = guard(lambda: Conversation(loaded, npc, engine, settings.chat))
-        interactive = say is None
-        if interactive:
-            err.print(
-                f"You are talking to {persona.name} ({persona.archetype}). "
-                "Type a line and press Enter; Ctrl-D or /quit to leave."
-            )
-        lines = iter(say) if say is not None else _read_lines()
-        for line in lines:
-            if line.strip() in {"/quit", "/exit"}:
-                break
-            if not interactive:
-                out.print(f"> {line}")
-            out.print(f"{persona.name}: ", end="")
-            try:
-                for piece in conversation.reply(line):
-                    out.print(piece, end="", markup=False)
-                    out.file.flush()
-            except PlayerInputError as exc:
-                out.print()
-                err.print(str(exc), style="yellow")
-                continue
-            except KeyboardInterrupt:
-                # Ctrl-C cuts the NPC off (what it said so far is kept); Ctrl-D leaves.
-                out.print(" [cut off]", markup=False)
-                continue
-            out.print()
+        played = guard(lambda: _InProcess(open_chat(loaded, npc, settings, engine=engine)))
+        try:
+            _converse(played, persona.name, persona.archetype, say)
+        finally:
+            guard(played.close)
     finally:
         engine.close()
+
+
+def _converse(played: _InProcess, name: str, archetype: str, say: list[str] | None) -> None:
+    """The terminal's side of an in-process chat: lines in, the NPC's replies out."""
+    from mythic.dialogue import PlayerInputError
+
+    interactive = say is None
+    if interactive:
+        err.print(
+            f"You are talking to {name} ({archetype}). "
+            "Type a line and press Enter; Ctrl-D or /quit to leave."
+        )
+    lines = iter(say) if say is not None else _read_lines()
+    for line in lines:
+        if line.strip() in {"/quit", "/exit"}:
+            break
+        if not interactive:
+            out.print(f"> {line}")
+        out.print(f"{name}: ", end="")
+        try:
+            played.say(line, _show)
+        except PlayerInputError as exc:
+            out.print()
+            err.print(str(exc), style="yellow")
+            continue
+        except MythicError as exc:
+            # No model could answer this line; the chat goes on.
+            out.print()
+            err.print(f"error: {exc}", style="bold red")
+            continue
+        except KeyboardInterrupt:
+            # Ctrl-C cuts the NPC off (what it said so far is kept); Ctrl-D leaves.
+            out.print(" [cut off]", markup=False)
+            continue
+        out.print()
+
+
+def _show(piece: str) -> None:
+    out.print(piece, end="", markup=False)
+    out.file.flush()
+
+
+class _InProcess:
+    """A chat (`open_chat`) played on an event loop in a thread of its own, so that the
+    terminal's main thread reads lines and takes Ctrl-C as a plain program does."""
+
+    def __init__(self, opened: AbstractAsyncContextManager[Chat]) -> None:
+        """Open the chat and wait until it is ready.
+
+        Raises:
+            MythicError: what opening it raised (an unknown NPC, a model that cannot chat).
+        """
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="mythic-chat", daemon=True
+        )
+        self._thread.start()
+        self._ready: Future[Chat] = Future()
+        self._closing = asyncio.Event()
+        self._ended = asyncio.run_coroutine_threadsafe(self._host(opened), self._loop)
+        either: list[Future[Any]] = [self._ready, self._ended]
+        concurrent.futures.wait(either, return_when="FIRST_COMPLETED")
+        if not self._ready.done():
+            self._stop()  # opening failed: `result` raises why
+        self._chat = self._ready.result()
+
+    async def _host(self, opened: AbstractAsyncContextManager[Chat]) -> None:
+        async with opened as chat:
+            self._ready.set_result(chat)
+            await self._closing.wait()
+
+    async def _relay(self, line: str, pieces: SimpleQueue[str | None]) -> None:
+        try:
+            async for piece in self._chat.say(line):
+                pieces.put(piece)
+        finally:
+            pieces.put(None)
+
+    def say(self, line: str, show: Callable[[str], None]) -> None:
+        """Say `line` and `show` the reply piece by piece, on the calling thread.
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C: the NPC was cut off (what it said is kept).
+            PlayerInputError: the line cannot be used.
+            MythicError: no model could answer.
+        """
+        pieces: SimpleQueue[str | None] = SimpleQueue()
+        relay = asyncio.run_coroutine_threadsafe(self._relay(line, pieces), self._loop)
+        try:
+            while (piece := pieces.get()) is not None:
+                show(piece)
+        except KeyboardInterrupt:
+            # Leaving the reply's stream cuts the NPC off; wait until it has stopped.
+            relay.cancel()
+            while pieces.get() is not None:
+                pass
+            raise
+        relay.result()
+
+    def close(self) -> None:
+        """End the chat (its turns summarised into memory) and stop its thread.
+
+        Raises:
+            MythicError: what closing raised.
+        """
+        self._loop.call_soon_threadsafe(self._closing.set)
+        self._stop()
+
+    def _stop(self) -> None:
+        """Wait for the chat's end, then stop its loop and thread; raise what the chat
+        raised."""
+        try:
+            self._ended.result()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            self._loop.close()
 
 
 def _chat_by_voice(

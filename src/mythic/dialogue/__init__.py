@@ -5,10 +5,16 @@
 """
 
 from mythic.dialogue._actor import NPCActor
-from mythic.dialogue._cast import Cast, UnknownCallError, UnknownNPCError
+from mythic.dialogue._cast import (
+    Cast,
+    UnknownCallError,
+    UnknownNPCError,
+    open_chains,
+    read_chains,
+    token_counter,
+)
 from mythic.dialogue._character import Scene
 from mythic.dialogue._chat import Chat, PlayerInputError, open_chat
-from mythic.dialogue._conversation import Conversation
 from mythic.dialogue._line_filter import LineFilter
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError, MailboxFullError
 from mythic.dialogue._naturalness import (
@@ -73,7 +79,6 @@ __all__ = [
     "TRANSITIONS",
     "Cast",
     "Chat",
-    "Conversation",
     "DialogueState",
     "DialogueStateMachine",
     "DialogueStats",
@@ -115,9 +120,11 @@ __all__ = [
     "narrates_self",
     "normalise",
     "npc_tools",
+    "open_chains",
     "open_chat",
     "opening",
     "persona_prompt",
+    "read_chains",
     "reminder",
     "repeats",
     "said_stems",
@@ -126,6 +133,7 @@ __all__ = [
     "stepped_out",
     "strange_name",
     "telling",
+    "token_counter",
     "touched",
     "validate_call",
     "world_words",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mythic._errors import MythicError
-from mythic.archetypes import ChainRouter
+from mythic.archetypes import REGISTRY_FILE, ChainRouter, RegistryError, open_registry
 from mythic.config import MythicSettings
 from mythic.contracts import (
     Ack,
@@ -44,14 +44,23 @@ from mythic.dialogue._moves import LineClassifier
 from mythic.dialogue._naturalness import world_words
 from mythic.dialogue._stage import DialogueStats, Outbox, ReplySink, Stage, ToolOutcome
 from mythic.dialogue._tools import npc_tools
-from mythic.engine import ChatMessage, GenerationRequest, Priority, Sampling
-from mythic.knowledge import Knowledge, World, shared_embedder
+from mythic.engine import (
+    ChatMessage,
+    Engine,
+    GenerationRequest,
+    Priority,
+    ResidentAdapters,
+    Sampling,
+)
+from mythic.knowledge import Knowledge, TokenCounter, World, approx_tokens, shared_embedder
 from mythic.memory import Memory, NPCInfo
 from mythic.route import Router
 
 log = logging.getLogger(__name__)
 
 _ANSWERED = 4096
+_REGISTRY_TIMEOUT_S = 10.0
+"""Longest wait for the archetype registry at start (a Redis that does not answer)."""
 
 
 class UnknownNPCError(MythicError):
@@ -383,3 +392,47 @@ class Cast:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+def token_counter(engine: Engine | None) -> TokenCounter:
+    """Tokens of a text in the engine's model: the budgets of context packing (the lore's).
+    None (no embedded model): the knowledge's estimate from characters."""
+    if engine is None:
+        return approx_tokens
+    backend = engine.backend
+
+    def count(text: str) -> int:
+        return len(backend.tokenize(text, add_special=False, parse_special=False)) if text else 0
+
+    return count
+
+
+def open_chains(settings: MythicSettings, world: World, router: Router) -> ChainRouter | None:
+    """The archetype chain router of `settings.archetypes.registry` (default: the world's
+    `archetypes.yaml`, when there is one), with resident adapters on each embedded engine under
+    `engine.adapter_budget_mb`; None when there is no registry. Reads nothing yet
+    (`read_chains`)."""
+    where = settings.archetypes.registry
+    if where is None:
+        default = world.path / REGISTRY_FILE
+        if not default.is_file():
+            return None
+        where = str(default)
+    budget = settings.engine.adapter_budget_mb * 1024 * 1024
+    engines = {id(e): e for e in router.engines().values()}
+    residents = [ResidentAdapters.for_engine(e, budget) for e in engines.values()]
+    return ChainRouter(open_registry(where), residents)
+
+
+async def read_chains(chains: ChainRouter) -> None:
+    """Read the registry once at start; unreadable, the base model serves until a reread."""
+    try:
+        async with asyncio.timeout(_REGISTRY_TIMEOUT_S):
+            await chains.refresh()
+        log.info("archetype chains from %s: %s", chains.registry.where, sorted(chains.chains))
+    except (RegistryError, TimeoutError) as exc:
+        log.error(
+            "archetype registry %s unreadable; the base model serves: %s",
+            chains.registry.where,
+            exc,
+        )

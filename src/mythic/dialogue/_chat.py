@@ -22,10 +22,10 @@ from mythic.contracts import (
     ServerMessage,
     ToolCall,
 )
-from mythic.dialogue._cast import Cast
+from mythic.dialogue._cast import Cast, open_chains, read_chains, token_counter
 from mythic.dialogue._turn import TurnRecord
 from mythic.engine import ChatMessage, Engine, ModelError
-from mythic.knowledge import Knowledge, Persona, TokenCounter, World, approx_tokens
+from mythic.knowledge import Knowledge, Persona, World
 from mythic.memory import Memory
 from mythic.route import Router, local_router
 
@@ -137,14 +137,6 @@ class Chat:
             raise MythicError(failed.message)
 
 
-def _tokens_of(engine: Engine) -> TokenCounter:
-    """Tokens of a text in the engine's model: the lore's budgets are counted so."""
-    backend = engine.backend
-    return lambda text: (
-        len(backend.tokenize(text, add_special=False, parse_special=False)) if text else 0
-    )
-
-
 @contextlib.asynccontextmanager
 async def open_chat(
     world: World,
@@ -166,8 +158,12 @@ async def open_chat(
             tokenizer counts the lore's budgets; or give `router`.
         router: the router of the tiers (the caller owns it).
         memory: the NPCs' memory (the caller owns it); None: one of `settings.memory` when
-            it is enabled, started and closed here.
+            it is enabled, started and closed here. On exit the chat's turns are summarised
+            into it, as when a server's session ends, and the exit waits for that.
         player_id: who talks: the NPC remembers them across chats (None: a stranger).
+
+    The NPC is served with its archetype's adapters from the world's chain registry
+    (`open_chains`), read once at start.
 
     Raises:
         UnknownNPCError: the world has no such NPC.
@@ -191,7 +187,11 @@ async def open_chat(
             memory = Memory(settings.memory)
             await memory.start()
             opened.push_async_callback(memory.aclose)
-        count = _tokens_of(engine) if engine is not None else approx_tokens
+        chains = open_chains(settings, world, router)
+        if chains is not None:
+            opened.push_async_callback(chains.aclose)
+            await read_chains(chains)
+        count = token_counter(engine or router.engine_for("dialogue"))
         knowledge = Knowledge(world, settings.knowledge, count=count)
         inbox: asyncio.Queue[ServerMessage] = asyncio.Queue()
         cast = Cast(
@@ -201,7 +201,14 @@ async def open_chat(
             lambda _session, message: inbox.put_nowait(message),
             memory=memory,
             knowledge=knowledge,
+            chains=chains,
         )
         async with cast:
             cast.actor(npc_id)  # UnknownNPCError now rather than at the first line
-            yield Chat(cast, npc_id, inbox, player_id=player_id)
+            chat = Chat(cast, npc_id, inbox, player_id=player_id)
+            yield chat
+        if memory is not None and player_id is not None:
+            # The session ends as a server's does: what was said is summarised into memory
+            # (before the router that writes the summary closes).
+            memory.summarize(npc_id, player_id, chat.session_id)
+            await memory.settle()

@@ -35,6 +35,9 @@ class ReplySink(Protocol):
     """Receives replies phrase by phrase, for speech (the server's voice layer). Called on the
     event loop; must not block."""
 
+    def first_token(self, session_id: str, npc_id: str, turn_id: str) -> None:
+        """The first token of the reply to `turn_id` is about to go out (its first delta)."""
+
     def phrase(self, session_id: str, npc_id: str, turn_id: str, text: str) -> None:
         """A phrase (one or two sentences) of the reply to `turn_id` is ready."""
 
@@ -135,6 +138,11 @@ class Stage:
     def decision_sampling(self) -> Sampling:
         """The sampling of a gold decision (intent, tool): greedy, short."""
         return Sampling(max_tokens=self.settings.dialogue.decision_max_tokens, temperature=0.0)
+
+    def first_token(self, session_id: str, npc_id: str, turn_id: str) -> None:
+        """A reply's first token is about to go out."""
+        if self.replies is not None:
+            self.replies.first_token(session_id, npc_id, turn_id)
 
     def phrase(self, session_id: str, npc_id: str, turn_id: str, text: str) -> None:
         """A phrase of a reply is ready for speech synthesis."""

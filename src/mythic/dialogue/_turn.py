@@ -546,6 +546,7 @@ class TurnOutput:
         stage, line = self.stage, self.line
         if self.seq == 0 and not final:
             stage.stats.first_token(time.perf_counter() - line.received_at)
+            stage.first_token(line.session_id, self.npc_id, line.turn_id)
         stage.send(
             line.session_id,
             LLMStreamDelta(

@@ -9,17 +9,26 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from mythic._errors import MythicError
-from mythic.archetypes import REGISTRY_FILE, ChainRouter, RegistryError, open_registry
+from mythic.archetypes import REGISTRY_FILE, ChainRouter
 from mythic.config import MythicSettings
 from mythic.contracts import MAX_TEXT_CHARS, LLMStreamDelta, PlayerUtterance, ServerMessage
-from mythic.dialogue import Cast, ReplySink, TurnRecord
+from mythic.dialogue import (
+    KV_FILL,
+    Cast,
+    ReplySink,
+    TurnRecord,
+    fill_kv,
+    open_chains,
+    read_chains,
+    token_counter,
+)
 from mythic.engine import (
     ChatMessage,
     Engine,
@@ -27,11 +36,9 @@ from mythic.engine import (
     GenerationRequest,
     Priority,
     RequestError,
-    ResidentAdapters,
-    Sampling,
 )
 from mythic.jobs import JobQueue
-from mythic.knowledge import Knowledge, World, approx_tokens
+from mythic.knowledge import Knowledge, World
 from mythic.memory import Memory
 from mythic.route import Router, local_router
 from mythic.server._jobs import JobBoard
@@ -43,8 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_REGISTRY_TIMEOUT_S = 10.0
-"""Longest wait for the archetype registry at start (a Redis that does not answer)."""
 _SAY_TIMEOUT_S = 120.0
 
 
@@ -132,12 +137,12 @@ class Gateway:
         runs on `engine`, gold on `intent_engine` when given. `jobs`: the bronze job queue
         (`run` runs `jobs.workers` workers and applies artifacts to the knowledge; None: no
         jobs). `replies` receives each reply phrase by phrase (default: the voice layer, when
-        `speech.enabled`). `memory`: the NPCs remember players across sessions (`run` starts
-        and closes it). `knowledge`: persona, lore and packing (None: built here from
-        `settings.knowledge`, counting tokens with the dialogue model's tokenizer). `chains`:
-        the archetype adapters NPCs are served with (None: built here from
-        `settings.archetypes`, on the embedded engines; `run` reads the registry at start,
-        rereads it every `archetypes.refresh_s` and closes it).
+        `speech.enabled`); each reply's first token goes to `observers`. `memory`: the NPCs
+        remember players across sessions (`run` starts and closes it). `knowledge`: persona,
+        lore and packing (None: built here from `settings.knowledge`, counting tokens with the
+        dialogue model's tokenizer). `chains`: the archetype adapters NPCs are served with
+        (None: built here from `settings.archetypes`, on the embedded engines; `run` reads
+        the registry at start, rereads it every `archetypes.refresh_s` and closes it).
 
         Raises:
             MissingExtraError: the retrieval mode needs the rag extra, which is missing.
@@ -151,8 +156,7 @@ class Gateway:
         self.engine = engine or router.engine_for("dialogue")
         """The dialogue tier's embedded engine (None when dialogue is remote only)."""
         if knowledge is None:
-            count = token_counter(self.engine) if self.engine is not None else approx_tokens
-            knowledge = Knowledge(world, settings.knowledge, count=count)
+            knowledge = Knowledge(world, settings.knowledge, count=token_counter(self.engine))
         self.knowledge = knowledge
         self.jobs = (
             JobBoard(jobs, router, knowledge, lambda: self.world, settings.jobs) if jobs else None
@@ -182,12 +186,15 @@ class Gateway:
             )
         self.observers: list[ReplyObserver] = []
         """Told when each reply's first token goes out."""
+        self.replies = replies
+        """Where each reply's phrases go, for speech (the gateway is the cast's `ReplySink`
+        and passes them on)."""
         self.cast = Cast(
             world,
             router,
             settings,
             self._send,
-            replies=replies,
+            replies=self,
             memory=memory,
             knowledge=knowledge,
             chains=self.chains,
@@ -200,7 +207,7 @@ class Gateway:
             self.voice = VoiceHub(settings, self.sessions.send, self.cast)
             self.observers.append(self.voice)
             if replies is None:
-                self.cast.replies = self.voice
+                self.replies = self.voice
         self.ready = False
         self.warmed: list[str] = []
         """NPCs whose prompts were warmed (`warm_npcs`), in order."""
@@ -236,7 +243,7 @@ class Gateway:
                 opened.push_async_callback(self.jobs.queue.aclose)
             if self.chains is not None:
                 opened.push_async_callback(self.chains.aclose)
-                await _read_chains(self.chains)
+                await read_chains(self.chains)
             async with asyncio.TaskGroup() as tasks:
                 background = self._start(tasks, warm=warm)
                 self._tasks = tasks
@@ -329,10 +336,22 @@ class Gateway:
 
     def _send(self, session_id: str, message: ServerMessage) -> None:
         """The cast's outbox: every NPC message to a session goes out here."""
-        if isinstance(message, LLMStreamDelta) and message.seq == 0 and not message.final:
-            for observer in self.observers:
-                observer.first_token(session_id, message.npc_id, message.turn_id)
         self.sessions.send(session_id, message)
+
+    # -- the cast's ReplySink -----------------------------------------------------------------
+
+    def first_token(self, session_id: str, npc_id: str, turn_id: str) -> None:
+        """A reply's first token is about to go out: the observers are told."""
+        for observer in self.observers:
+            observer.first_token(session_id, npc_id, turn_id)
+
+    def phrase(self, session_id: str, npc_id: str, turn_id: str, text: str) -> None:
+        if self.replies is not None:
+            self.replies.phrase(session_id, npc_id, turn_id, text)
+
+    def reply_done(self, session_id: str, npc_id: str, turn_id: str, reason: str) -> None:
+        if self.replies is not None:
+            self.replies.reply_done(session_id, npc_id, turn_id, reason)
 
     def _voice_gone(self, session_id: str, *, forget: bool) -> None:
         if self.voice is not None and self._tasks is not None:
@@ -377,10 +396,9 @@ class Gateway:
                 session_id="_warmup",
                 messages=[ChatMessage("system", "Say hi."), ChatMessage("user", "Hi")],
                 priority=Priority.SILVER,
-                sampling=Sampling(max_tokens=1, temperature=0.0),
+                sampling=KV_FILL,
             )
-            async with engine.submit(request) as stream:
-                await stream.collect()
+            await fill_kv(engine.submit(request))
         await self.warm_npcs(npcs)
         self.ready = True
         return time.perf_counter() - start
@@ -392,7 +410,6 @@ class Gateway:
         ~300 cold tokens each. Else the line classifier is built."""
         if self.engine is None:
             return
-        once = Sampling(max_tokens=1, temperature=0.0)
         # The line classifier's examples are embedded once, here rather than at a first line.
         decide_on_model = self.settings.dialogue.decide and (
             await asyncio.to_thread(self.cast.classifier) is None
@@ -404,18 +421,19 @@ class Gateway:
                 session_id="_warmup",
                 messages=[actor.system, ChatMessage("user", "...")],
                 priority=priority,
-                sampling=once,
+                sampling=KV_FILL,
                 keep_session=False,
             )
-            async with self.engine.submit(request) as stream:
-                await stream.collect()
+            await fill_kv(self.engine.submit(request))
             if decide_on_model:
                 decision = actor.decision_request("_warmup", "...", tools=True)
-                decision.priority, decision.sampling = priority, once
+                decision.priority, decision.sampling = priority, KV_FILL
                 decision.keep_session = False
                 try:
-                    await self.router.complete(
-                        decision, "tool_decision", archetype=actor.persona.archetype
+                    await fill_kv(
+                        await self.router.open(
+                            decision, "tool_decision", archetype=actor.persona.archetype
+                        )
                     )
                 except (RequestError, EngineError) as exc:
                     log.warning("warm-up of %s's decision failed: %s", npc_id, exc)
@@ -482,49 +500,9 @@ class Gateway:
         )
 
 
-def open_chains(settings: MythicSettings, world: World, router: Router) -> ChainRouter | None:
-    """The archetype chain router of `settings.archetypes.registry` (default: the world's
-    `archetypes.yaml`, when there is one), with resident adapters on each embedded engine under
-    `engine.adapter_budget_mb`; None when there is no registry. Reads nothing yet."""
-    where = settings.archetypes.registry
-    if where is None:
-        default = world.path / REGISTRY_FILE
-        if not default.is_file():
-            return None
-        where = str(default)
-    budget = settings.engine.adapter_budget_mb * 1024 * 1024
-    engines = {id(e): e for e in router.engines().values()}
-    residents = [ResidentAdapters.for_engine(e, budget) for e in engines.values()]
-    return ChainRouter(open_registry(where), residents)
-
-
-async def _read_chains(chains: ChainRouter) -> None:
-    """Read the registry once at start; unreadable, the base model serves until a reread."""
-    try:
-        async with asyncio.timeout(_REGISTRY_TIMEOUT_S):
-            await chains.refresh()
-        log.info("archetype chains from %s: %s", chains.registry.where, sorted(chains.chains))
-    except (RegistryError, TimeoutError) as exc:
-        log.error(
-            "archetype registry %s unreadable; the base model serves: %s",
-            chains.registry.where,
-            exc,
-        )
-
-
 async def _start_voice(voice: VoiceHub) -> None:
     """Load the speech models in their worker processes; voice sessions wait for it."""
     try:
         await voice.start()
     except MythicError as exc:
         log.error("speech did not start: %s", exc)
-
-
-def token_counter(engine: Engine) -> Callable[[str], int]:
-    """Tokens of a text in the engine's model: the budgets of context packing."""
-    backend = engine.backend
-
-    def count(text: str) -> int:
-        return len(backend.tokenize(text, add_special=False, parse_special=False)) if text else 0
-
-    return count
