@@ -13,7 +13,6 @@ from mythic.config import MythicSettings
 from mythic.dialogue import Chat, PlayerInputError, UnknownNPCError, open_chat, persona_prompt
 from mythic.engine import Engine, ModelError
 from mythic.knowledge import load_world
-from mythic.memory import Memory
 from tests.conftest import EXAMPLE_WORLD
 from tests.integration.conftest import load_engine
 
@@ -77,18 +76,6 @@ async def test_a_reply_cut_off_is_kept_and_the_chat_goes_on(
         answer = "".join([piece async for piece in chat.say("Hello?")]).strip()
         assert answer
         assert chat.last_turn is not None and chat.last_turn.turn_id == "t2"
-
-
-async def test_closing_a_chat_summarises_it_into_memory(
-    qwen: Engine, settings: MythicSettings, tmp_path: Path
-) -> None:
-    """The chat's end is a session's end: the NPC's memory of the player gets its summary."""
-    memory_settings = settings.memory.model_copy(update={"data_dir": tmp_path})
-    async with asyncio.timeout(600), Memory(memory_settings) as memory:
-        async with _chat(qwen, settings, tmp_path, memory=memory) as chat:
-            assert "".join([piece async for piece in chat.say("I am Tom, a smith from the east.")])
-        entry = memory.recall("marla", "player")
-        assert entry is not None and entry.summaries and not entry.pending
 
 
 async def test_an_npc_the_world_lacks_is_refused(

@@ -152,6 +152,8 @@ class _InProcess:
         self._thread.start()
         self._ready: Future[Chat] = Future()
         self._closing = asyncio.Event()
+        self._replying: asyncio.Task[None] | None = None
+        """The reply being streamed (the last one)."""
         self._ended = asyncio.run_coroutine_threadsafe(self._host(opened), self._loop)
         either: list[Future[Any]] = [self._ready, self._ended]
         concurrent.futures.wait(either, return_when="FIRST_COMPLETED")
@@ -164,12 +166,23 @@ class _InProcess:
             self._ready.set_result(chat)
             await self._closing.wait()
 
-    async def _relay(self, line: str, pieces: SimpleQueue[str | None]) -> None:
-        try:
-            async for piece in self._chat.say(line):
-                pieces.put(piece)
-        finally:
-            pieces.put(None)
+    def _relay(self, line: str, pieces: SimpleQueue[str | BaseException | None]) -> None:
+        """On the loop: stream the reply to `line` into `pieces`, ended by None or the error
+        the reply raised (also when cut off before it began)."""
+
+        def ended(task: asyncio.Task[None]) -> None:
+            pieces.put(None if task.cancelled() else task.exception())
+
+        self._replying = self._loop.create_task(self._stream(line, pieces))
+        self._replying.add_done_callback(ended)
+
+    async def _stream(self, line: str, pieces: SimpleQueue[str | BaseException | None]) -> None:
+        async for piece in self._chat.say(line):
+            pieces.put(piece)
+
+    def _cut_off(self) -> None:
+        if self._replying is not None:
+            self._replying.cancel()
 
     def say(self, line: str, show: Callable[[str], None]) -> None:
         """Say `line` and `show` the reply piece by piece, on the calling thread.
@@ -179,21 +192,22 @@ class _InProcess:
             PlayerInputError: the line cannot be used.
             MythicError: no model could answer.
         """
-        pieces: SimpleQueue[str | None] = SimpleQueue()
-        relay = asyncio.run_coroutine_threadsafe(self._relay(line, pieces), self._loop)
+        pieces: SimpleQueue[str | BaseException | None] = SimpleQueue()
+        self._loop.call_soon_threadsafe(self._relay, line, pieces)
         try:
-            while (piece := pieces.get()) is not None:
+            while isinstance(piece := pieces.get(), str):
                 show(piece)
         except KeyboardInterrupt:
             # Leaving the reply's stream cuts the NPC off; wait until it has stopped.
-            relay.cancel()
-            while pieces.get() is not None:
+            self._loop.call_soon_threadsafe(self._cut_off)
+            while isinstance(pieces.get(), str):
                 pass
             raise
-        relay.result()
+        if piece is not None:
+            raise piece
 
     def close(self) -> None:
-        """End the chat (its turns summarised into memory) and stop its thread.
+        """End the chat and stop its thread.
 
         Raises:
             MythicError: what closing raised.

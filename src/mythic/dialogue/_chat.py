@@ -158,8 +158,7 @@ async def open_chat(
             tokenizer counts the lore's budgets; or give `router`.
         router: the router of the tiers (the caller owns it).
         memory: the NPCs' memory (the caller owns it); None: one of `settings.memory` when
-            it is enabled, started and closed here. On exit the chat's turns are summarised
-            into it, as when a server's session ends, and the exit waits for that.
+            it is enabled, started and closed here.
         player_id: who talks: the NPC remembers them across chats (None: a stranger).
 
     The NPC is served with its archetype's adapters from the world's chain registry
@@ -205,10 +204,4 @@ async def open_chat(
         )
         async with cast:
             cast.actor(npc_id)  # UnknownNPCError now rather than at the first line
-            chat = Chat(cast, npc_id, inbox, player_id=player_id)
-            yield chat
-        if memory is not None and player_id is not None:
-            # The session ends as a server's does: what was said is summarised into memory
-            # (before the router that writes the summary closes).
-            memory.summarize(npc_id, player_id, chat.session_id)
-            await memory.settle()
+            yield Chat(cast, npc_id, inbox, player_id=player_id)
