@@ -104,17 +104,22 @@ class Zone(_Card):
     """A place in the world; its lore lives in `lore/<zone id>/`."""
 
     name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+    """The zone's name as NPCs say it (1-100 characters)."""
     description: Text
+    """What the place is like; NPCs in the zone are told it as their scene."""
 
 
 class WorldCard(_Card):
     """`world.yaml`: the world's name, premise and zones."""
 
     name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+    """The world's name (1-100 characters)."""
     description: Annotated[
         str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)
     ]
+    """The world's premise in a few sentences (at most 2,000 characters)."""
     zones: dict[Slug, Zone] = Field(default_factory=dict)
+    """The places of the world by id (a slug); a persona's `zone` names one of them."""
 
 
 @dataclass(frozen=True, slots=True)
