@@ -36,10 +36,11 @@ PUBLIC = [
     "mythic.jobs",
     "mythic.capacity",
     "mythic.voice",
+    "mythic.observability",
 ]
 
 # ARCHITECTURE.md: imports point down only. Each package may import the ones listed.
-BASE = {"_errors", "_extras", "config", "contracts", "obs"}
+BASE = {"_errors", "_extras", "config", "contracts", "observability"}
 # What the server and the CLI stand on: every layer under the edges.
 UNDER_EDGES = BASE | {
     "engine",
@@ -57,6 +58,7 @@ UNDER_EDGES = BASE | {
 ALLOWED: dict[str, set[str]] = {
     "config": {"_errors"},
     "contracts": {"_errors"},
+    "observability": {"_errors"},
     "engine": BASE,
     "knowledge": BASE,
     "memory": BASE,

@@ -540,10 +540,3 @@ def _paced_frames(
             time.sleep(pause)
         else:
             next_frame = clock()
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]

@@ -3,6 +3,7 @@ import the game-side controller and NumPy."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,7 @@ import typer
 
 from mythic._errors import MythicError
 from mythic.cli._console import err, guard, out
+from mythic.observability import percentile
 
 
 def sim(
@@ -127,7 +129,6 @@ def _sim(
         build_region,
         cpu_model_settings,
         intent_source,
-        percentile,
         pinned,
         run_paced,
         runs_realtime,
@@ -177,9 +178,10 @@ def _sim(
         err.print(f"wrote the replay to {view}")
     stats = run.stats
     ms = [s * 1000 for s in run.frame_s]
+    p50, p99 = (math.nan if p is None else p for p in (percentile(ms, 0.5), percentile(ms, 0.99)))
     out.print(
-        f"frames {len(ms)}  frame p50 {percentile(ms, 0.5):.2f} ms  p99 "
-        f"{percentile(ms, 0.99):.2f} ms  max {max(ms, default=0):.2f} ms  over "
+        f"frames {len(ms)}  frame p50 {p50:.2f} ms  p99 {p99:.2f} ms  "
+        f"max {max(ms, default=0):.2f} ms  over "
         f"{FRAME_BUDGET_S * 1000:.1f} ms: {run.over_budget} ({run.preempted} waiting for "
         f"the CPU, {run.by_traffic} put over by the model's traffic)"
     )

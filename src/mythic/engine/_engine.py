@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import math
 import threading
 import time
 from collections import Counter, deque
@@ -60,6 +59,7 @@ from mythic.engine._scheduler import (
     Scheduler,
     SchedulerOutput,
 )
+from mythic.observability import percentile
 
 logger = logging.getLogger(__name__)
 
@@ -747,15 +747,8 @@ class Engine:
                 kv_capacity=self.config.scheduler.kv_capacity,
                 busy_s=self._busy_s,
                 batch_sizes=dict(sorted(self._batch_sizes.items())),
-                queue_wait_p50_s=_percentile(waits, 0.5),
-                queue_wait_p95_s=_percentile(waits, 0.95),
-                first_token_p50_s=_percentile(firsts, 0.5),
-                first_token_p95_s=_percentile(firsts, 0.95),
+                queue_wait_p50_s=percentile(waits, 0.5),
+                queue_wait_p95_s=percentile(waits, 0.95),
+                first_token_p50_s=percentile(firsts, 0.5),
+                first_token_p95_s=percentile(firsts, 0.95),
             )
-
-
-def _percentile(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    index = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
-    return sorted_values[index]

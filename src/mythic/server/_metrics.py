@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from mythic.observability import percentile
 from mythic.route import BreakerState
 from mythic.voice import HOPS
 
@@ -18,11 +19,6 @@ if TYPE_CHECKING:
     from mythic.archetypes import ChainRouter
     from mythic.engine import Engine
     from mythic.server._app import Gateway
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class _GatewayCollector(Collector):
@@ -408,7 +404,7 @@ def _quantiles(name: str, doc: str, samples: Iterable[float]) -> Iterator[Metric
     if values:
         family = GaugeMetricFamily(name, doc, labels=["quantile"])
         for q in (0.5, 0.95, 0.99):
-            family.add_metric([str(q)], _quantile(values, q))
+            family.add_metric([str(q)], percentile(values, q) or 0.0)  # values is not empty
         yield family
 
 
