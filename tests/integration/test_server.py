@@ -667,6 +667,47 @@ async def test_http_endpoints(server: tuple[str, Gateway]) -> None:
         assert "mythic_engine_tokens_per_s" in metrics
 
 
+async def test_every_line_gets_one_final_delta_even_one_stopped_before_its_turn_began(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """Lines that come at once barge in on turns that have not taken a step yet, and a cutoff
+    drops its player's lines still waiting: each of those lines still ends in a `cutoff`
+    final delta (an HTTP caller or an SDK waiting on it is answered), the last line is
+    answered in full, and another player's waiting line is neither dropped nor cut."""
+    async with running(engines, settings, chat=_chat(settings)) as (_, gateway):
+        finals: dict[str, list[str | None]] = {}
+
+        def listen(message: Any) -> None:
+            if isinstance(message, LLMStreamDelta) and message.final:
+                finals.setdefault(message.turn_id, []).append(message.finish_reason)
+
+        for name in ("alice", "bob"):
+            gateway.sessions.open(None, session_id=name).listeners.append(listen)
+
+        def utter(session: str, turn: str) -> None:
+            said = PlayerUtterance(npc_id="bran", session_id=session, turn_id=turn, text="Hello!")
+            gateway.cast.deliver(session, said)
+
+        # Three lines in one tick: the first two are stopped before their turns begin.
+        for turn in ("a-1", "a-2", "a-3"):
+            utter("alice", turn)
+        await until(lambda: "a-3" in finals, timeout_s=120)
+        assert finals["a-1"] == finals["a-2"] == ["cutoff"]
+        assert finals["a-3"] in (["stop"], ["length"])
+
+        # A turn running; behind it a line of the same player and one of another player. The
+        # player's cutoff stops the turn and drops their waiting line, not the other player's.
+        actor = gateway.cast.actor("bran")
+        utter("alice", "a-4")
+        await until(lambda: actor.machine.state.value != "idle")
+        utter("alice", "a-5")
+        utter("bob", "b-1")
+        gateway.cast.deliver("alice", Cutoff(npc_id="bran", session_id="alice", turn_id="a-4"))
+        await until(lambda: "b-1" in finals, timeout_s=120)
+        assert finals["a-4"] == finals["a-5"] == ["cutoff"]
+        assert finals["b-1"] in (["stop"], ["length"])
+
+
 # -- bad input ------------------------------------------------------------------------------
 
 

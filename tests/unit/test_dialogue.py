@@ -53,11 +53,20 @@ async def test_barge_in_drops_speech_and_data_never_system() -> None:
         (Lane.SYSTEM, "end"),
     ]:
         box.put(event, lane)
-    assert box.drop() == 2
+    assert box.drop() == ["a", "b"]
     assert len(box) == 2
     assert [await box.get(), await box.get()] == ["scene", "end"]
     with pytest.raises(ValueError, match="never dropped"):
         box.drop(Lane.SYSTEM)
+
+
+async def test_a_barge_in_drops_only_the_events_it_picks_and_keeps_the_others_in_order() -> None:
+    box: Mailbox[str] = Mailbox()
+    for event in ["alice 1", "bob 1", "alice 2", "bob 2"]:
+        box.put(event, Lane.SPEECH)
+    assert box.drop(Lane.SPEECH, where=lambda e: e.startswith("alice")) == ["alice 1", "alice 2"]
+    assert [await box.get(), await box.get()] == ["bob 1", "bob 2"]
+    assert len(box) == 0
 
 
 async def test_speech_and_data_are_bounded_system_is_not() -> None:

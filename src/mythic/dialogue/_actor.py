@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mythic.contracts import Cutoff, IntentUpdate, NPCState
 from mythic.dialogue._character import Character, Scene
@@ -44,7 +44,9 @@ class _Running:
     """The turn the actor is playing."""
 
     line: PlayerLine
-    task: asyncio.Task[None]
+    task: asyncio.Task[None] = field(init=False)
+    started: bool = False
+    """The turn's coroutine has begun (a task cancelled before its first step never runs)."""
 
 
 class NPCActor:
@@ -223,8 +225,18 @@ class NPCActor:
                     and turn.line.session_id == event.session_id
                     and event.turn_id in (None, turn.line.turn_id)
                 ):
-                    self.mailbox.drop()
-                    self._held = deque(h for h in self._held if h.session_id != event.session_id)
+                    # The player's lines waiting behind the turn go with it (each is told it
+                    # was cut off); other sessions' lines and every intent request stay.
+                    ours = event.session_id
+                    waiting = self.mailbox.drop(
+                        Lane.SPEECH,
+                        where=lambda e: isinstance(e, PlayerLine) and e.session_id == ours,
+                    )
+                    waiting += [h for h in self._held if h.session_id == ours]
+                    self._held = deque(h for h in self._held if h.session_id != ours)
+                    for line in waiting:
+                        if isinstance(line, PlayerLine):
+                            self.turns.unanswered(line)
                     await self._stop_turn(event.reason, announce=False)
                     self._next_held(tasks)
                 elif event.reason == "barge_in" and event.turn_id is not None:
@@ -261,11 +273,16 @@ class NPCActor:
                     self.prefill.settle_after(last.session_id, tasks)
 
     def _start_turn(self, line: PlayerLine, tasks: asyncio.TaskGroup) -> None:
-        task = tasks.create_task(self._play(line), name=f"turn {self.npc_id}/{line.turn_id}")
-        self._turn = _Running(line, task)
-        task.add_done_callback(lambda _: self._turn_done())
+        running = _Running(line)
+        running.task = tasks.create_task(
+            self._play(running), name=f"turn {self.npc_id}/{line.turn_id}"
+        )
+        self._turn = running
+        running.task.add_done_callback(lambda _: self._turn_done())
 
-    async def _play(self, line: PlayerLine) -> None:
+    async def _play(self, running: _Running) -> None:
+        line = running.line
+        running.started = True
         self._state_of = (line.session_id, line.turn_id)
         try:
             await self.turns.run(line)
@@ -299,6 +316,10 @@ class NPCActor:
         turn.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await turn.task
+        if not turn.started:
+            # Stopped before its first step (the next line came at once): the turn never ran,
+            # so it never sent its final delta; the line still gets one.
+            self.turns.unanswered(turn.line)
         self.stage.stats.barge_ins += 1
 
     # -- state events -------------------------------------------------------------------------

@@ -1,11 +1,12 @@
-"""An NPC actor's mailbox: priority lanes, where barge-in drops speech and data but never system
-events (Pipecat's SystemFrame vs DataFrame)."""
+"""An NPC actor's mailbox: priority lanes, where a barge-in may drop speech and data but never
+system events (Pipecat's SystemFrame vs DataFrame)."""
 
 from __future__ import annotations
 
 import asyncio
 import enum
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from mythic._errors import MythicError
@@ -19,9 +20,9 @@ class Lane(enum.IntEnum):
     SYSTEM = 0
     """Lifecycle and control (cutoff, scene changes, session end): never dropped, unbounded."""
     SPEECH = 1
-    """What the player says: dropped on barge-in."""
+    """What the player says: a cutoff drops its player's waiting lines."""
     DATA = 2
-    """Requests that a newer one supersedes (intents): dropped on barge-in."""
+    """Intent requests and partial transcripts: served when no line waits."""
 
 
 class MailboxFullError(MythicError):
@@ -77,15 +78,20 @@ class Mailbox(Generic[E]):
             self._ready.clear()
             await self._ready.wait()
 
-    def drop(self, *lanes: Lane) -> int:
-        """Barge-in: discard what waits in `lanes` (default SPEECH and DATA); how many were
-        dropped. SYSTEM events cannot be dropped."""
+    def drop(self, *lanes: Lane, where: Callable[[E], bool] | None = None) -> list[E]:
+        """Barge-in: discard what waits in `lanes` (default SPEECH and DATA), only the events
+        `where` picks if given, and return them (oldest first per lane). SYSTEM events cannot
+        be dropped."""
         if Lane.SYSTEM in lanes:
             raise ValueError("system events are never dropped")
-        dropped = 0
+        dropped: list[E] = []
         for lane in lanes or (Lane.SPEECH, Lane.DATA):
-            dropped += len(self._lanes[lane])
-            self._lanes[lane].clear()
+            queue = self._lanes[lane]
+            kept: deque[E] = deque()
+            for event in queue:
+                (dropped if where is None or where(event) else kept).append(event)
+            queue.clear()
+            queue.extend(kept)
         return dropped
 
     def close(self) -> None:

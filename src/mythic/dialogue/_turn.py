@@ -128,6 +128,15 @@ class Turns:
         self.last = dataclasses.replace(last, finish="cutoff")
         self.stage.stats.barge_ins += 1
 
+    def unanswered(self, line: PlayerLine) -> None:
+        """`line` was dropped before its turn began (a barge-in or a cutoff came first): it
+        still gets its one final delta, `cutoff`, so no caller waits for a turn that will
+        never run. Nothing was said, so nothing enters the history."""
+        out = TurnOutput(self, line)
+        out.reason = "cutoff"
+        out.close()
+        self.stage.stats.turn_finished("cutoff")
+
     async def run(self, line: PlayerLine) -> None:
         """Play the turn answering `line`; cancelled, it stops within one engine step and
         what was said stays in the history."""
