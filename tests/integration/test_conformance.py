@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -27,7 +28,14 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 
-from mythic.client import ConnectionLostError, MythicClient, ToolResult, Turn, TurnEvent
+from mythic.client import (
+    ConnectionLostError,
+    MythicClient,
+    ToolResult,
+    Turn,
+    TurnEvent,
+    VoiceTurn,
+)
 from mythic.contracts import (
     AUDIO_FRAME_MAGIC,
     Ack,
@@ -36,6 +44,7 @@ from mythic.contracts import (
     Error,
     LLMStreamDelta,
     ToolCall,
+    VoiceFormat,
     parse_server_message,
 )
 from tests.conftest import EXAMPLE_WORLD, ROOT
@@ -45,13 +54,16 @@ pytestmark = pytest.mark.integration
 CONFORMANCE = ROOT / "clients" / "conformance"
 SCENARIOS = sorted((CONFORMANCE / "scenarios").glob("*.json"))
 # The server every player meets (clients/conformance/README.md says the same): SmolLM2 talks
-# and decides (one small model: fast), replies are short and greedy, voice is off.
+# and decides (one small model: fast), replies are short and greedy, voice is on.
 SERVE_ENV = {
     "MYTHIC_ENGINE__DIALOGUE_MODEL": "smollm2-135m-instruct",
     "MYTHIC_CHAT__MAX_TOKENS": "40",
     "MYTHIC_CHAT__TEMPERATURE": "0",
 }
-SERVE_ARGS = ("serve", "--world", str(EXAMPLE_WORLD), "--port", "0", "--no-voice")
+SERVE_ARGS = ("serve", "--world", str(EXAMPLE_WORLD), "--port", "0", "--voice")
+CLIPS = {"question": "Good evening. What do you have for sale tonight?"}
+"""The audio clips `talk` steps speak (the README's table): name -> words."""
+CLIP_RATE = 16000
 WAIT_S = 120.0
 """The bound on any one wait of a scenario step (a reply on two shared cores included)."""
 
@@ -110,9 +122,42 @@ def conformance_server(request: pytest.FixtureRequest) -> str:
     return stash[_SERVER]
 
 
+_AUDIO = pytest.StashKey[Path]()
+
+
+def conformance_audio(request: pytest.FixtureRequest) -> Path:
+    """The folder of the suite's audio clips (`MYTHIC_CONFORMANCE_AUDIO` for the players):
+    each of `CLIPS` spoken by the server's own Piper voice at 16 kHz, 16-bit mono PCM with a
+    fifth of a second of silence before it, made once per test run."""
+    stash = request.config.stash
+    if _AUDIO not in stash:
+        tmp: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+        folder = tmp.mktemp("conformance-audio")
+        asyncio.run(_speak_clips(folder))
+        stash[_AUDIO] = folder
+    return stash[_AUDIO]
+
+
+async def _speak_clips(folder: Path) -> None:
+    from mythic.speech import SpeechSettings, TTSPool
+
+    settings = SpeechSettings(sample_rate=CLIP_RATE, tts_workers=1)
+    async with TTSPool(settings) as tts:
+        # No random variation: the same audio every run.
+        voice = tts.voices.get("human").model_copy(update={"variation": 0.0})
+        for name, words in CLIPS.items():
+            pcm, _ = await tts.speak(words, voice)
+            (folder / f"{name}.pcm").write_bytes(bytes(CLIP_RATE // 5 * 2) + pcm)
+
+
 @pytest.fixture(scope="session")
 def server_url(request: pytest.FixtureRequest) -> str:
     return conformance_server(request)
+
+
+@pytest.fixture(scope="session")
+def audio_dir(request: pytest.FixtureRequest) -> Path:
+    return conformance_audio(request)
 
 
 class ScenarioFailedError(AssertionError):
@@ -150,13 +195,15 @@ class _TurnLog:
 class Player:
     """Plays one scenario through `mythic.client`, step by step."""
 
-    def __init__(self, url: str, name: str) -> None:
+    def __init__(self, url: str, name: str, audio: Path) -> None:
         self.url = url
         self.name = name
+        self.audio = audio
         self.clients: dict[str, MythicClient] = {}
         self.sessions: dict[str, str] = {}
         self.bare: dict[str, ClientConnection] = {}
         self.turns: dict[str, _TurnLog] = {}
+        self.spoken: dict[str, VoiceTurn] = {}
         self.tool_runs: dict[str, int] = {}
 
     async def play(self, steps: list[dict[str, Any]]) -> None:
@@ -198,7 +245,10 @@ class Player:
                 await asyncio.sleep(answer.get("delay_s", 0))  # the game takes its time
                 return answer["status"], answer.get("result")
 
-            client = MythicClient(self.url, tool_handler=game, backoff_s=0.05, timeout_s=WAIT_S)
+            voice = VoiceFormat(**step["voice"]) if "voice" in step else None
+            client = MythicClient(
+                self.url, tool_handler=game, voice=voice, backoff_s=0.05, timeout_s=WAIT_S
+            )
             self.clients[who] = client
         welcome = await client.connect()
         expect = step.get("expect", {})
@@ -238,6 +288,49 @@ class Player:
     async def _say(self, step: dict[str, Any], who: str) -> None:
         turn = await self.clients[who].say(step["npc"], step["text"], turn_id=step["turn"])
         self.turns[step["turn"]] = _TurnLog(turn)
+
+    async def _talk(self, step: dict[str, Any], who: str) -> None:
+        pcm = (self.audio / f"{step['audio']}.pcm").read_bytes()
+        self.spoken[step["turn"]] = await self.clients[who].talk(
+            step["npc"],
+            pcm,
+            chunk_ms=step.get("chunk_ms", 40),
+            silence_ms=step.get("silence_ms", 800),
+            realtime=False,
+            turn_id=step["turn"],
+        )
+
+    async def _listen(self, step: dict[str, Any], who: str) -> None:
+        del who
+        turn = self.spoken[step["turn"]]
+        await turn.replied.wait()
+        if turn.text.strip():  # a reply that said something is spoken to its end
+            await turn.spoken.wait()
+        self._check_spoken(turn, step.get("expect", {}))
+
+    def _check_spoken(self, turn: VoiceTurn, expect: dict[str, Any]) -> None:
+        deltas = turn.deltas
+        assert [d.seq for d in deltas] == list(range(len(deltas))), "seq has gaps"
+        if "finish_reason" in expect:
+            assert deltas and deltas[-1].finish_reason in expect["finish_reason"], deltas
+        if expect.get("text"):
+            assert turn.text.strip(), deltas
+        if expect.get("heard"):
+            assert turn.transcript is not None and turn.transcript.strip(), turn.errors
+        if expect.get("audio"):
+            chunks = turn.chunks
+            assert [c.seq for c in chunks] == list(range(len(chunks))), "TTSChunk seq has gaps"
+            assert chunks and chunks[-1].final and not any(c.final for c in chunks[:-1])
+            start, heard = 0.0, []  # each viseme's time in the whole turn
+            for chunk in chunks:
+                assert chunk.pcm and len(chunk.pcm) % 2 == 0 and chunk.sample_rate > 0, chunk
+                duration = len(chunk.pcm) / 2 / chunk.sample_rate
+                times = [v.t for v in chunk.visemes]
+                assert all(a < b for a, b in itertools.pairwise(times)), times
+                assert all(0 <= t <= duration for t in times), (times, duration)
+                heard += [start + t for t in times]
+                start += duration
+            assert heard and heard == sorted(heard), "no visemes, or not running forward"
 
     async def _cutoff(self, step: dict[str, Any], who: str) -> None:
         del who
@@ -372,10 +465,11 @@ def test_the_suite_has_every_scenario_of_issue_35() -> None:
         "refused_by_the_client",
         "dropped_connection_mid_turn",
         "tool_call_sent_again",
+        "audio_in_and_out",
     }
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
-async def test_scenario(server_url: str, path: Path) -> None:
+async def test_scenario(server_url: str, audio_dir: Path, path: Path) -> None:
     scenario = _scenario(path)
-    await Player(server_url, scenario["name"]).play(scenario["steps"])
+    await Player(server_url, scenario["name"], audio_dir).play(scenario["steps"])

@@ -25,7 +25,7 @@ from xml.etree import ElementTree
 import pytest
 
 from tests.conftest import ROOT, unavailable
-from tests.integration.test_conformance import CONFORMANCE, conformance_server
+from tests.integration.test_conformance import CONFORMANCE, conformance_audio, conformance_server
 
 pytestmark = pytest.mark.integration
 
@@ -130,8 +130,14 @@ def conformance_url(request: pytest.FixtureRequest) -> str:
     return conformance_server(request)
 
 
+@pytest.fixture(scope="session")
+def audio_dir(request: pytest.FixtureRequest) -> Path:
+    """The suite's audio clips, made once in a test run."""
+    return conformance_audio(request)
+
+
 def test_the_sdk_passes_its_tests_and_plays_the_conformance_suite(
-    build: Path, conformance_url: str
+    build: Path, conformance_url: str, audio_dir: Path
 ) -> None:
     """NUnit runs every test of the SDK against the real server: each passes, none is left
     out, and the conformance suite's every scenario is among them."""
@@ -139,6 +145,7 @@ def test_the_sdk_passes_its_tests_and_plays_the_conformance_suite(
         "MYTHIC_URL": conformance_url,
         "MYTHIC_CONFORMANCE_DIR": str(CONFORMANCE / "scenarios"),
         "MYTHIC_UNITY_FIXTURES": str(PACKAGE / "Tests" / "Fixtures"),
+        "MYTHIC_CONFORMANCE_AUDIO": str(audio_dir),
     }
     result = build / "result.xml"
     result.unlink(missing_ok=True)

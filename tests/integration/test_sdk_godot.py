@@ -24,7 +24,7 @@ from types import ModuleType
 import pytest
 
 from tests.conftest import ROOT, unavailable
-from tests.integration.test_conformance import CONFORMANCE, conformance_server
+from tests.integration.test_conformance import CONFORMANCE, conformance_audio, conformance_server
 
 pytestmark = pytest.mark.integration
 
@@ -122,8 +122,14 @@ def conformance_url(request: pytest.FixtureRequest) -> str:
     return conformance_server(request)
 
 
+@pytest.fixture(scope="session")
+def audio_dir(request: pytest.FixtureRequest) -> Path:
+    """The suite's audio clips, made once in a test run."""
+    return conformance_audio(request)
+
+
 def test_the_addon_passes_its_tests_and_plays_the_conformance_suite(
-    godot: str, conformance_url: str
+    godot: str, conformance_url: str, audio_dir: Path
 ) -> None:
     """The headless runner prints one line per test; every unit and peer test, every scenario
     and the example pass, and no script error was raised on the way (the addon never crashes the
@@ -137,6 +143,7 @@ def test_the_addon_passes_its_tests_and_plays_the_conformance_suite(
             **os.environ,
             "MYTHIC_URL": conformance_url,
             "MYTHIC_CONFORMANCE_DIR": str(CONFORMANCE / "scenarios"),
+            "MYTHIC_CONFORMANCE_AUDIO": str(audio_dir),
         },
         check=False,
     )

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, unavailable
-from tests.integration.test_conformance import CONFORMANCE, conformance_server
+from tests.integration.test_conformance import CONFORMANCE, conformance_audio, conformance_server
 
 pytestmark = pytest.mark.integration
 
@@ -139,9 +139,21 @@ def conformance_url(request: pytest.FixtureRequest) -> str:
     return conformance_server(request)
 
 
-def test_the_sdk_builds_and_plays_the_conformance_suite(npm: str, conformance_url: str) -> None:
+@pytest.fixture(scope="session")
+def audio_dir(request: pytest.FixtureRequest) -> Path:
+    """The suite's audio clips, made once in a test run."""
+    return conformance_audio(request)
+
+
+def test_the_sdk_builds_and_plays_the_conformance_suite(
+    npm: str, conformance_url: str, audio_dir: Path
+) -> None:
     """`npm test` compiles the package (`dist/`, as published) and its tests, then runs them."""
-    env = {"MYTHIC_URL": conformance_url, "MYTHIC_CONFORMANCE_DIR": str(CONFORMANCE / "scenarios")}
+    env = {
+        "MYTHIC_URL": conformance_url,
+        "MYTHIC_CONFORMANCE_DIR": str(CONFORMANCE / "scenarios"),
+        "MYTHIC_CONFORMANCE_AUDIO": str(audio_dir),
+    }
     report = _run(npm, "test", env=env, timeout=900)
     passed = set(re.findall(r"^ok \d+ - conformance: (\w+)$", report, re.MULTILINE))
     assert passed == {p.stem for p in (CONFORMANCE / "scenarios").glob("*.json")}, report[-4000:]

@@ -498,17 +498,19 @@ class MythicClient:
         chunk_ms: int = 40,
         realtime: bool = True,
         silence_ms: int = 700,
+        turn_id: str | None = None,
     ) -> VoiceTurn:
         """Speak a line to `npc_id`: stream `pcm` (at the session's `input_rate`) in chunks
         of `chunk_ms`, at real-time pace unless `realtime` is false, then `silence_ms` of
-        silence so the server hears the end. Returns at once after sending; await the
-        turn's `heard`, `replied` and `spoken` events, or `wait()`.
+        silence so the server hears the end. `turn_id`: the turn the line opens (default: a
+        fresh one). Returns at once after sending; await the turn's `heard`, `replied` and
+        `spoken` events, or `wait()`.
         """
         if self.voice is None:
             raise ClientError("this client's session has no voice; pass voice=VoiceFormat()")
         if len(pcm) % 2:
             raise ValueError("pcm is 16-bit samples: an even number of bytes")
-        turn = VoiceTurn(npc_id, f"v-{uuid.uuid4().hex[:12]}")
+        turn = VoiceTurn(npc_id, turn_id or f"v-{uuid.uuid4().hex[:12]}")
         if len(self._voice_turns) >= 64:  # lines that held no words never finish: forget them
             del self._voice_turns[next(iter(self._voice_turns))]
         self._voice_turns[turn.turn_id] = turn
