@@ -1,6 +1,7 @@
 # The conformance suite (clients/conformance/scenarios, format in its README) played through the
-# addon's public API against a real `mythic serve`. A player is a Node (it polls its bare
-# sockets); `play` returns "" when every step held, else which step failed and why.
+# addon's public API against a real `mythic serve`, with the audio clips of `talk` steps from a
+# folder (MYTHIC_CONFORMANCE_AUDIO). A player is a Node (it polls its bare sockets); `play`
+# returns "" when every step held, else which step failed and why.
 extends Node
 
 const MythicClient = preload("res://addons/mythic/mythic_client.gd")
@@ -14,12 +15,14 @@ const WAIT_S = 120.0
 
 var _url: String
 var _name: String
+var _audio_dir: String
 var _protocol := Protocol.new()
 var _clients := {}
 var _games := {}
 var _sessions := {}
 var _bare := {}
 var _turns := {}
+var _spoken := {}
 
 
 # The game's side of the tool calls: the scenario's answers, and how often each turn's ran.
@@ -72,6 +75,60 @@ class TurnLog:
 		return found
 
 
+# One spoken turn of a scenario: it has no MythicTurn, so its messages are the client's events
+# (`event` signal) of its turn_id, in order; over once the reply's text has ended and, if it said
+# something, its last audio chunk came (or it was cut off).
+class SpokenLog:
+	extends Reference
+	var events := []
+	var replied := false
+	var spoken := false
+
+	func receive(message: Dictionary) -> void:
+		events.append(message)
+		match message["type"]:
+			"LLMStreamDelta":
+				if message.get("final", false) and message.get("finish_reason") != "tool_call":
+					replied = true
+					spoken = spoken or message.get("finish_reason") in ["cutoff", "error"]
+			"TTSChunk":
+				spoken = spoken or message.get("final", false)
+			"Cutoff":
+				replied = true
+				spoken = true
+
+	func is_over() -> bool:
+		return replied and (spoken or text().strip_edges() == "")
+
+	func text() -> String:
+		var joined := ""
+		for delta in of_type("LLMStreamDelta"):
+			joined += delta["delta"]
+		return joined
+
+	func of_type(type: String) -> Array:
+		var found := []
+		for event in events:
+			if event["type"] == type:
+				found.append(event)
+		return found
+
+	# The events without their audio, for a failure's message.
+	func summary() -> String:
+		var lines := PoolStringArray()
+		for event in events:
+			var line := "%s %s" % [event["type"], str(event.get("seq", ""))]
+			if event.has("pcm"):
+				line += " (%d bytes, %d visemes)" % [
+					Protocol.pcm_of(event).size(), event.get("visemes", []).size()
+				]
+			for key in ["finish_reason", "final", "text", "code", "reason"]:
+				if event.get(key) != null:
+					line += " %s=%s" % [key, to_json(event[key])]
+			lines.append(line)
+		return lines.join("; ").left(2000)
+
+
 # A plain WebSocket, no client and no SessionStart: the frames it got, in order.
 class Bare:
 	extends Reference
@@ -88,9 +145,10 @@ class Bare:
 		return not frames.empty()
 
 
-func _init(url: String, name: String) -> void:
+func _init(url: String, name: String, audio_dir := "") -> void:
 	_url = url
 	_name = name
+	_audio_dir = audio_dir
 
 
 # The scenarios of a folder, by file name.
@@ -173,6 +231,8 @@ func _connect(step: Dictionary, who: String):
 		client.backoff_s = 0.05
 		client.timeout_s = WAIT_S
 		client.tool_handler = funcref(game, "run")
+		client.voice = step.get("voice")
+		client.connect("event", self, "_on_event")
 		add_child(client)
 		_clients[who] = client
 		_games[who] = game
@@ -242,6 +302,61 @@ func _say(step: Dictionary, who: String):
 	var turn = _clients[who].say(step["npc"], step["text"], step["turn"])
 	_turns[step["turn"]] = TurnLog.new(turn)
 	return "" if turn.error == null else "say: %s" % turn.error
+
+
+func _talk(step: Dictionary, who: String):
+	var client = _clients[who]
+	if client.voice == null:
+		return "the client's session has no voice (connect with `voice`)"
+	var path := _audio_dir.plus_file("%s.pcm" % step["audio"])
+	var file := File.new()
+	if _audio_dir == "" or file.open(path, File.READ) != OK:
+		return "cannot read the clip %s (MYTHIC_CONFORMANCE_AUDIO)" % path
+	var pcm := file.get_buffer(file.get_len())
+	file.close()
+	var rate := int(client.voice.get("input_rate", 16000))
+	var size := rate * int(step.get("chunk_ms", 40)) / 1000 * 2
+	var silence := PoolByteArray()
+	for _i in range(size):
+		silence.append(0)
+	var chunks := []
+	for offset in range(0, pcm.size(), size):
+		chunks.append(pcm.subarray(offset, min(offset + size, pcm.size()) - 1))
+	var silence_size := rate * int(step.get("silence_ms", 800)) / 1000 * 2
+	for offset in range(0, silence_size, size):
+		chunks.append(silence.subarray(0, min(size, silence_size - offset) - 1))
+	_spoken[step["turn"]] = SpokenLog.new()
+	for chunk in chunks:
+		if chunk.size() < 2:
+			continue
+		var refused = client.send_audio(step["npc"], chunk, 0, step["turn"])
+		if refused != null:
+			return "send_audio: %s" % refused
+		# Not at real-time pace, but a frame between chunks: the client's socket writes them.
+		yield(get_tree(), "idle_frame")
+	return ""
+
+
+func _listen(step: Dictionary, _who: String):
+	var turn: String = step["turn"]
+	if not _spoken.has(turn):
+		return "no talk step spoke turn %s" % turn
+	var spoken: SpokenLog = _spoken[turn]
+	var waited = yield(
+		Wait.until(spoken, "is_over", step.get("timeout_s", WAIT_S), "end of turn " + turn),
+		"completed"
+	)
+	var why: String = str(waited) if waited is MythicError else _check_spoken(
+		spoken, step.get("expect", {})
+	)
+	return "" if why == "" else "%s; events: %s" % [why, spoken.summary()]
+
+
+# The client's events: the messages of a spoken turn go to its log (the client keeps every
+# event for `next_event` too, so `expect_error` still finds its Errors).
+func _on_event(item) -> void:
+	if typeof(item) == TYPE_DICTIONARY and _spoken.has(item.get("turn_id")):
+		_spoken[item["turn_id"]].receive(item)
 
 
 func _cutoff(step: Dictionary, _who: String):
@@ -362,6 +477,58 @@ func _read(step: Dictionary, who: String):
 		return ""
 	var why := _check_turn(turn_log, step.get("expect", {}), _games[who].runs.get(step["turn"], 0))
 	return "" if why == "" else "%s; events: %s" % [why, to_json(turn_log.events).left(2000)]
+
+
+func _check_spoken(spoken: SpokenLog, expect: Dictionary) -> String:
+	var deltas := spoken.of_type("LLMStreamDelta")
+	for i in range(deltas.size()):
+		if deltas[i]["seq"] != i:
+			return "seq has gaps"
+	if expect.has("finish_reason"):
+		var reason = null if deltas.empty() else deltas[-1].get("finish_reason")
+		if not reason in expect["finish_reason"]:
+			return "finish_reason %s" % to_json(reason)
+	if expect.get("text", false) and spoken.text().strip_edges() == "":
+		return "no text"
+	var heard := spoken.of_type("ASRFinal")
+	if expect.get("heard", false) and (heard.empty() or heard[-1]["text"].strip_edges() == ""):
+		return "nothing heard"
+	if expect.get("audio", false):
+		return _check_audio(spoken.of_type("TTSChunk"))
+	return ""
+
+
+# The TTSChunks of a turn: seq without gaps, only the last final, PCM in each, and visemes
+# whose times run forward within each chunk and, placed at the chunk's start, through the turn.
+static func _check_audio(chunks: Array) -> String:
+	if chunks.empty():
+		return "no TTSChunk"
+	var start := 0.0  # where the chunk begins in the turn, in seconds
+	var last_time := -1.0  # the last viseme's time in the turn
+	for i in range(chunks.size()):
+		var chunk: Dictionary = chunks[i]
+		if chunk["seq"] != i:
+			return "TTSChunk seq has gaps"
+		if chunk.get("final", false) != (i == chunks.size() - 1):
+			return "TTSChunk %d's final is %s" % [i, chunk.get("final", false)]
+		var pcm := Protocol.pcm_of(chunk)
+		if pcm.empty() or pcm.size() % 2 != 0 or chunk["sample_rate"] <= 0:
+			return "TTSChunk %d: %d bytes at %s Hz" % [i, pcm.size(), chunk["sample_rate"]]
+		var duration: float = pcm.size() / 2.0 / chunk["sample_rate"]
+		var times := []
+		for viseme in chunk.get("visemes", []):
+			times.append(viseme["t"])
+		for j in range(times.size()):
+			if (j > 0 and times[j] <= times[j - 1]) or times[j] < 0 or times[j] > duration:
+				return (
+					"TTSChunk %d's viseme times %s do not run forward within 0 to %s s"
+					% [i, to_json(times), duration]
+				)
+			if start + times[j] < last_time:
+				return "TTSChunk %d's visemes run backward in the turn" % i
+			last_time = start + times[j]
+		start += duration
+	return "" if last_time >= 0 else "no visemes"
 
 
 # Equal values of one JSON type (GDScript refuses to compare a String with a number).

@@ -4,9 +4,10 @@
 #
 # The unit tests and the peer tests (the client against a scripted server) always run; with
 # MYTHIC_URL (a running `mythic serve`'s ws://.../v1/ws) the conformance suite
-# (MYTHIC_CONFORMANCE_DIR, default ../conformance/scenarios) and the example of
-# docs/engines/godot.md run against it too. One line per test, `ok - KIND: NAME` or
-# `not ok - KIND: NAME: why`, then `# pass N` and `# fail N`; the exit code is 1 on a failure.
+# (MYTHIC_CONFORMANCE_DIR, default ../conformance/scenarios; its audio clips from
+# MYTHIC_CONFORMANCE_AUDIO) and the example of docs/engines/godot.md run against it too. One
+# line per test, `ok - KIND: NAME` or `not ok - KIND: NAME: why`, then `# pass N` and
+# `# fail N`; the exit code is 1 on a failure.
 extends SceneTree
 
 const ConformancePlayer = preload("conformance_player.gd")
@@ -39,6 +40,7 @@ func _run() -> void:
 		if dir == "":
 			dir = ProjectSettings.globalize_path("res://").plus_file("../conformance/scenarios")
 		var scenarios := ConformancePlayer.scenarios(dir)
+		var audio := OS.get_environment("MYTHIC_CONFORMANCE_AUDIO")
 		if scenarios.size() < 10:
 			_report(
 				"conformance",
@@ -46,7 +48,7 @@ func _run() -> void:
 				"only %d scenarios in %s" % [scenarios.size(), dir]
 			)
 		for scenario in scenarios:
-			var player := ConformancePlayer.new(url, scenario["name"])
+			var player := ConformancePlayer.new(url, scenario["name"], audio)
 			root.add_child(player)
 			var failure = yield(player.play(scenario["steps"]), "completed")
 			player.queue_free()
