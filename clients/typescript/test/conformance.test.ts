@@ -1,6 +1,7 @@
 // The conformance suite (clients/conformance/scenarios) played through this SDK against a
-// real `mythic serve`: MYTHIC_URL is its WebSocket URL (tests/integration/test_sdk_typescript.py
-// starts the server and sets it).
+// real `mythic serve`: MYTHIC_URL is its WebSocket URL, MYTHIC_CONFORMANCE_AUDIO the folder of
+// the clips `talk` speaks (tests/integration/test_sdk_typescript.py starts the server, makes
+// the clips and sets both).
 import assert from "node:assert/strict";
 import { readdirSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
@@ -15,6 +16,7 @@ import {
   fromBase64,
   parseServerFrame,
   type ClientEvent,
+  type LLMStreamDelta,
   type Outgoing,
   type ServerMessage,
   type ToolResult,
@@ -32,7 +34,10 @@ interface Scenario {
 
 const URL = process.env.MYTHIC_URL;
 const DIR = resolve(process.env.MYTHIC_CONFORMANCE_DIR ?? "../conformance/scenarios");
+const AUDIO = process.env.MYTHIC_CONFORMANCE_AUDIO;
 const WAIT_MS = 120_000;
+/** The clips' format: 16-bit little-endian mono PCM at this rate. */
+const CLIP_RATE = 16_000;
 
 class TurnLog {
   readonly events: TurnEvent[] = [];
@@ -60,6 +65,44 @@ class TurnLog {
       }
       this.events.push(next.value);
       if (until === "text" && next.value.type === "LLMStreamDelta" && next.value.delta) return;
+    }
+  }
+}
+
+/**
+ * A spoken line's turn: the messages carrying its turn id, from the client's event stream (a
+ * line spoken as audio has no Turn object; the SDK hands its messages to `onEvent`).
+ */
+class SpokenLog {
+  readonly messages: ServerMessage[] = [];
+  /** The reply's text is complete (its final delta that is not `tool_call`, or a Cutoff). */
+  replied = false;
+  /** The reply's last audio came (its final TTSChunk), or the NPC was cut off. */
+  spoken = false;
+  private wake: (() => void) | null = null;
+
+  put(message: ServerMessage): void {
+    this.messages.push(message);
+    if (message.type === "LLMStreamDelta" && message.final && message.finish_reason !== "tool_call") {
+      this.replied = true;
+      if (message.finish_reason === "cutoff" || message.finish_reason === "error") this.spoken = true;
+    } else if (message.type === "TTSChunk" && message.final) {
+      this.spoken = true;
+    } else if (message.type === "Cutoff") {
+      this.replied = this.spoken = true;
+    }
+    this.wake?.();
+  }
+
+  get deltas(): LLMStreamDelta[] {
+    return this.messages.filter((m) => m.type === "LLMStreamDelta");
+  }
+
+  /** The turn is over: replied and, when the reply said something, spoken to its end. */
+  async over(): Promise<void> {
+    const said = () => this.deltas.map((d) => d.delta).join("").trim() !== "";
+    while (!(this.replied && (this.spoken || !said()))) {
+      await new Promise<void>((wake) => (this.wake = wake));
     }
   }
 }
@@ -95,6 +138,9 @@ class Player {
   private readonly sessions = new Map<string, string>();
   private readonly bare = new Map<string, Bare>();
   private readonly turns = new Map<string, TurnLog>();
+  private readonly spoken = new Map<string, SpokenLog>();
+  /** Frames a client could not read: a failed step shows them. */
+  private readonly unread: ClientEvent[] = [];
   private readonly toolRuns = new Map<string, number>();
 
   constructor(
@@ -117,7 +163,10 @@ class Player {
             }),
           ]);
         } catch (error) {
-          throw new Error(`${this.name} step ${n} ${JSON.stringify(step).slice(0, 300)}: ${String(error)}`, { cause: error });
+          const unread = this.unread.length ? ` (frames the client could not read: ${this.unread.join("; ")})` : "";
+          throw new Error(`${this.name} step ${n} ${JSON.stringify(step).slice(0, 300)}: ${String(error)}${unread}`, {
+            cause: error,
+          });
         } finally {
           clearTimeout(timer);
         }
@@ -135,6 +184,17 @@ class Player {
       return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, this.fill(v, who)]));
     }
     return value;
+  }
+
+  /** Hands a spoken turn its messages; every event stays in the client's `nextEvent` queue too. */
+  private hear(event: ClientEvent): void {
+    if (event instanceof Error) {
+      this.unread.push(event);
+      return;
+    }
+    const turnId = "turn_id" in event ? event.turn_id : undefined;
+    const spoken = turnId ? this.spoken.get(turnId) : undefined;
+    spoken?.put(event);
   }
 
   private client(who: string): MythicClient {
@@ -159,6 +219,8 @@ class Player {
         },
         backoffMs: 50,
         timeoutMs: WAIT_MS,
+        ...(step.voice !== undefined && { voice: step.voice }),
+        onEvent: (event) => this.hear(event),
       });
       this.clients.set(who, client);
     }
@@ -204,6 +266,29 @@ class Player {
   async say(step: Step, who: string): Promise<void> {
     const turn = await this.client(who).say(step.npc, step.text, { turnId: step.turn });
     this.turns.set(step.turn, new TurnLog(turn));
+  }
+
+  async talk(step: Step, who: string): Promise<void> {
+    assert.ok(AUDIO, "set MYTHIC_CONFORMANCE_AUDIO to the folder of the clips; see clients/conformance/README.md");
+    const clip = new Uint8Array(readFileSync(join(AUDIO, `${step.audio}.pcm`)));
+    const size = Math.floor((CLIP_RATE * (step.chunk_ms ?? 40)) / 1000) * 2;
+    const silence = new Uint8Array(Math.floor((CLIP_RATE * (step.silence_ms ?? 800)) / 1000) * 2);
+    this.spoken.set(step.turn, new SpokenLog());
+    const client = this.client(who);
+    for (const pcm of [clip, silence]) {
+      for (let at = 0; at < pcm.length; at += size) {
+        const chunk = pcm.subarray(at, at + size);
+        if (chunk.length < 2) continue;
+        await client.sendAudio(step.npc, chunk, { sampleRate: CLIP_RATE, turnId: step.turn });
+      }
+    }
+  }
+
+  async listen(step: Step): Promise<void> {
+    const log = this.spoken.get(step.turn);
+    assert.ok(log, `no talk of turn ${step.turn}`);
+    await log.over();
+    checkSpoken(log, step.expect ?? {});
   }
 
   async cutoff(step: Step): Promise<void> {
@@ -265,7 +350,8 @@ class Player {
     let error: ErrorMessage | undefined;
     while (error === undefined) {
       const event: ClientEvent = bare !== undefined ? await bare.next() : await this.client(who).nextEvent(WAIT_MS);
-      if (!(event instanceof Error) && event.type === "Error") error = event;
+      // A spoken turn's Errors are its own (`listen` reads them), as a said turn's are.
+      if (!(event instanceof Error) && event.type === "Error" && !this.spoken.has(event.turn_id ?? "")) error = event;
     }
     for (const [key, value] of Object.entries(step.expect)) {
       assert.equal((error as unknown as Record<string, unknown>)[key], value, `${key} of ${JSON.stringify(error)}`);
@@ -309,6 +395,39 @@ function checkTurn(log: TurnLog, expect: Record<string, any>, toolRuns: number):
   }
   if ("errors" in expect) {
     assert.deepEqual(log.events.filter((e) => e.type === "Error").map((e) => e.code), expect.errors, seen);
+  }
+}
+
+function checkSpoken(log: SpokenLog, expect: Record<string, any>): void {
+  const pcmLength = (key: string, value: unknown) => (key === "pcm" ? `<${String(value).length} base64 chars>` : value);
+  const seen = JSON.stringify(log.messages, pcmLength).slice(0, 2000);
+  const deltas = log.deltas;
+  assert.deepEqual(deltas.map((d) => d.seq), [...deltas.keys()], "seq has gaps");
+  if ("finish_reason" in expect) assert.ok(expect.finish_reason.includes(deltas.at(-1)?.finish_reason), seen);
+  if (expect.text) assert.ok(deltas.map((d) => d.delta).join("").trim(), seen);
+  if (expect.heard) {
+    const transcript = log.messages.filter((m) => m.type === "ASRFinal").at(-1)?.text;
+    assert.ok(transcript?.trim(), seen);
+  }
+  if (expect.audio) {
+    const chunks = log.messages.filter((m) => m.type === "TTSChunk");
+    assert.deepEqual(chunks.map((c) => c.seq), [...chunks.keys()], `TTSChunk seq has gaps: ${seen}`);
+    assert.ok(chunks.length && chunks.at(-1)!.final && !chunks.slice(0, -1).some((c) => c.final), seen);
+    let start = 0;
+    const heard: number[] = []; // each viseme's time in the whole turn
+    for (const chunk of chunks) {
+      const bytes = fromBase64(chunk.pcm).length;
+      const what = `TTSChunk ${chunk.seq}: ${bytes} bytes at ${chunk.sample_rate} Hz`;
+      assert.ok(bytes > 0 && bytes % 2 === 0 && chunk.sample_rate > 0, what);
+      const duration = bytes / 2 / chunk.sample_rate;
+      const times = (chunk.visemes ?? []).map((v) => v.t);
+      assert.ok(times.every((t, i) => i === 0 || times[i - 1]! < t), `${what}, visemes not increasing: ${times}`);
+      assert.ok(times.every((t) => t >= 0 && t <= duration), `${what}, visemes ${times} beyond 0..${duration} s`);
+      heard.push(...times.map((t) => start + t));
+      start += duration;
+    }
+    assert.ok(heard.length, `no visemes: ${seen}`);
+    assert.ok(heard.every((t, i) => i === 0 || heard[i - 1]! <= t), `visemes not running forward: ${heard}`);
   }
 }
 
