@@ -13,7 +13,8 @@ namespace Mythic.Client.Tests
 {
     /// <summary>The conformance suite (clients/conformance/scenarios) played through this SDK's
     /// public API against a real <c>mythic serve</c>: MYTHIC_URL is its WebSocket URL,
-    /// MYTHIC_CONFORMANCE_DIR the scenarios (tests/integration/test_sdk_csharp.py sets both).</summary>
+    /// MYTHIC_CONFORMANCE_DIR the scenarios, MYTHIC_CONFORMANCE_AUDIO the folder of the audio clips
+    /// <c>talk</c> steps speak (tests/integration/test_sdk_csharp.py sets all three).</summary>
     [TestFixture]
     public class ConformanceTests
     {
@@ -82,6 +83,89 @@ namespace Mythic.Client.Tests
         }
     }
 
+    /// <summary>One spoken turn of a scenario (a <c>talk</c> step): what the SDK delivered for its
+    /// turn id, in order. A spoken turn has no <see cref="Turn"/>: its ASRFinal, deltas, TTSChunks,
+    /// tool calls, Cutoffs and errors come as the client's events (<see cref="MythicClient.Event"/>),
+    /// raised on the socket's thread.</summary>
+    internal sealed class SpokenLog
+    {
+        private readonly List<IServerMessage> _messages = new List<IServerMessage>();
+        private readonly TaskCompletionSource<bool> _replied = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
+        private readonly TaskCompletionSource<bool> _spoken = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
+
+        /// <summary>Done when the reply's text is complete (its final delta that is not
+        /// <c>tool_call</c>), or the NPC was cut off.</summary>
+        internal Task Replied => _replied.Task;
+
+        /// <summary>Done when the reply's last TTSChunk came, or the NPC was cut off, or the reply
+        /// ended in a cutoff or an error (nothing more will be spoken).</summary>
+        internal Task Spoken => _spoken.Task;
+
+        /// <summary>What came so far, in order.</summary>
+        internal List<IServerMessage> Messages
+        {
+            get
+            {
+                lock (_messages)
+                    return _messages.ToList();
+            }
+        }
+
+        internal void Add(IServerMessage message)
+        {
+            lock (_messages)
+                _messages.Add(message);
+            var delta = message as LlmStreamDelta;
+            if (delta != null && delta.Final == true && delta.FinishReason != FinishReason.ToolCall)
+            {
+                _replied.TrySetResult(true);
+                if (delta.FinishReason == FinishReason.Cutoff || delta.FinishReason == FinishReason.Error)
+                    _spoken.TrySetResult(true);
+            }
+            var chunk = message as TtsChunk;
+            if (chunk != null && chunk.Final == true)
+                _spoken.TrySetResult(true);
+            if (message is Cutoff)
+            {
+                _replied.TrySetResult(true);
+                _spoken.TrySetResult(true);
+            }
+        }
+
+        /// <summary>The turn's id, for the messages a spoken turn is made of; null for others.</summary>
+        internal static string TurnOf(IServerMessage message)
+        {
+            if (message is AsrFinal)
+                return ((AsrFinal)message).TurnId;
+            if (message is TtsChunk)
+                return ((TtsChunk)message).TurnId;
+            if (message is LlmStreamDelta)
+                return ((LlmStreamDelta)message).TurnId;
+            if (message is ToolCall)
+                return ((ToolCall)message).TurnId;
+            if (message is Cutoff)
+                return ((Cutoff)message).TurnId;
+            if (message is Error)
+                return ((Error)message).TurnId;
+            return null;
+        }
+
+        /// <summary>The messages, short: a TTSChunk's PCM as its length.</summary>
+        internal string Describe()
+        {
+            var seen = string.Join(" | ", Messages.Select(m =>
+            {
+                var chunk = m as TtsChunk;
+                if (chunk == null)
+                    return Protocol.ToJson(m).ToString(Newtonsoft.Json.Formatting.None);
+                var visemes = chunk.Visemes ?? new List<Viseme>();
+                return "TTSChunk seq " + chunk.Seq + (chunk.Final == true ? " final" : "") + ", " + chunk.PcmBytes.Length + " bytes at " + chunk.SampleRate + " Hz, visemes at ["
+                    + string.Join(", ", visemes.Select(v => v.T.ToString("0.###", System.Globalization.CultureInfo.InvariantCulture))) + "]";
+            }));
+            return seen.Length > 4000 ? seen.Substring(0, 4000) : seen;
+        }
+    }
+
     /// <summary>Plays one scenario through <see cref="MythicClient"/>, step by step.</summary>
     internal sealed class Player
     {
@@ -91,6 +175,8 @@ namespace Mythic.Client.Tests
         private readonly Dictionary<string, string> _sessions = new Dictionary<string, string>();
         private readonly Dictionary<string, ClientWebSocket> _bare = new Dictionary<string, ClientWebSocket>();
         private readonly Dictionary<string, TurnLog> _turns = new Dictionary<string, TurnLog>();
+        private readonly Dictionary<string, SpokenLog> _spoken = new Dictionary<string, SpokenLog>();
+        private readonly Dictionary<string, VoiceFormat> _voices = new Dictionary<string, VoiceFormat>();
         private readonly Dictionary<string, int> _toolRuns = new Dictionary<string, int>();
 
         internal Player(string url, string name)
@@ -114,7 +200,7 @@ namespace Mythic.Client.Tests
                     }
                     catch (Exception e) when (e is AssertionException || e is MythicException)
                     {
-                        throw new AssertionException(_name + " step " + n + " " + step.ToString(Newtonsoft.Json.Formatting.None) + ": " + e.Message, e);
+                        throw new AssertionException(_name + " step " + n + " " + step.ToString(Newtonsoft.Json.Formatting.None) + ": " + e.Message + Seen(step), e);
                     }
                 }
             }
@@ -139,6 +225,8 @@ namespace Mythic.Client.Tests
                 case "open_bare": return OpenBareAsync(who);
                 case "say": return SayAsync(step, who);
                 case "read": return ReadAsync(step);
+                case "talk": return TalkAsync(step, who);
+                case "listen": return ListenAsync(step);
                 case "cutoff": return _turns[(string)step["turn"]].Turn.CutoffAsync();
                 case "scene": return SceneAsync(step, who);
                 case "intent": return IntentAsync(step, who);
@@ -184,6 +272,32 @@ namespace Mythic.Client.Tests
             return token;
         }
 
+        /// <summary>For a failed <c>listen</c>: what its turn delivered.</summary>
+        private string Seen(JObject step)
+        {
+            SpokenLog log;
+            if ((string)step["do"] != "listen" || !TrySpoken((string)step["turn"], out log))
+                return "";
+            return "\nthe turn delivered: " + log.Describe();
+        }
+
+        private bool TrySpoken(string turnId, out SpokenLog log)
+        {
+            lock (_spoken)
+                return _spoken.TryGetValue(turnId ?? "", out log);
+        }
+
+        /// <summary>The client's events, on the socket's thread: a spoken turn's messages go to its
+        /// log. They stay in the client's event queue too (the SDK hands them out there), for
+        /// <c>expect_error</c> to skip.</summary>
+        private void Hear(object e)
+        {
+            var message = e as IServerMessage;
+            SpokenLog log;
+            if (message != null && TrySpoken(SpokenLog.TurnOf(message), out log))
+                log.Add(message);
+        }
+
         private void Run(string turnId)
         {
             lock (_toolRuns)
@@ -198,6 +312,7 @@ namespace Mythic.Client.Tests
             if (!_clients.TryGetValue(who, out client))
             {
                 var tools = (JObject)step["tools"] ?? new JObject();
+                var voice = step["voice"] == null ? null : step["voice"].ToObject<VoiceFormat>();
                 client = new MythicClient(_url, new MythicClientOptions
                 {
                     ToolHandler = async call =>
@@ -212,8 +327,11 @@ namespace Mythic.Client.Tests
                     },
                     Backoff = TimeSpan.FromMilliseconds(50),
                     Timeout = ConformanceTests.WaitS,
+                    Voice = voice,
                 });
+                client.Event += Hear;
                 _clients[who] = client;
+                _voices[who] = voice;
             }
             var welcome = await client.ConnectAsync();
             var expect = (JObject)step["expect"] ?? new JObject();
@@ -265,6 +383,97 @@ namespace Mythic.Client.Tests
         {
             var turn = await Client(who).SayAsync((string)step["npc"], (string)step["text"], (string)step["turn"]);
             _turns[(string)step["turn"]] = new TurnLog(turn);
+        }
+
+        /// <summary>Speaks the clip through <see cref="MythicClient.SendAudioAsync"/>: the clip, then
+        /// silence, in chunks of <c>chunk_ms</c>, each with the step's turn id, as fast as the
+        /// socket takes them.</summary>
+        private async Task TalkAsync(JObject step, string who)
+        {
+            var client = Client(who);
+            var folder = Environment.GetEnvironmentVariable("MYTHIC_CONFORMANCE_AUDIO");
+            Assert.IsNotNull(folder, "set MYTHIC_CONFORMANCE_AUDIO to the folder of the audio clips (see clients/conformance/README.md)");
+            var pcm = File.ReadAllBytes(Path.Combine(folder, (string)step["audio"] + ".pcm"));
+            VoiceFormat voice;
+            _voices.TryGetValue(who, out voice);
+            var rate = (int)((voice == null ? null : voice.InputRate) ?? 16000);
+            var size = rate * ((int?)step["chunk_ms"] ?? 40) / 1000 * 2;
+            var silence = new byte[rate * ((int?)step["silence_ms"] ?? 800) / 1000 * 2];
+            var turnId = (string)step["turn"];
+            var log = new SpokenLog();
+            lock (_spoken)
+                _spoken[turnId] = log; // before the first chunk: the server may answer at once
+            foreach (var sound in new[] { pcm, silence })
+            {
+                for (var offset = 0; offset < sound.Length; offset += size)
+                {
+                    var chunk = new byte[Math.Min(size, sound.Length - offset)];
+                    if (chunk.Length < 2)
+                        continue;
+                    Buffer.BlockCopy(sound, offset, chunk, 0, chunk.Length);
+                    await client.SendAudioAsync((string)step["npc"], chunk, turnId: turnId);
+                }
+            }
+        }
+
+        /// <summary>Waits until the spoken turn is over (its reply, and the reply's last audio if it
+        /// said anything), then checks it.</summary>
+        private async Task ListenAsync(JObject step)
+        {
+            SpokenLog log;
+            Assert.IsTrue(TrySpoken((string)step["turn"], out log), "no talk step for turn " + step["turn"]);
+            await log.Replied;
+            var text = string.Concat(log.Messages.OfType<LlmStreamDelta>().Select(d => d.Delta));
+            if (text.Trim().Length > 0)
+                await log.Spoken;
+            CheckSpoken(log.Messages, (JObject)step["expect"] ?? new JObject());
+        }
+
+        private static void CheckSpoken(List<IServerMessage> messages, JObject expect)
+        {
+            var deltas = messages.OfType<LlmStreamDelta>().ToList();
+            CollectionAssert.AreEqual(Enumerable.Range(0, deltas.Count).Select(i => (long)i), deltas.Select(d => d.Seq), "seq has gaps");
+            if (expect["finish_reason"] != null)
+            {
+                var reason = deltas.Count == 0 || deltas[deltas.Count - 1].FinishReason == null ? null : Wire(deltas[deltas.Count - 1].FinishReason.Value);
+                CollectionAssert.Contains(expect["finish_reason"].Select(r => (string)r).ToList(), reason, "finish_reason");
+            }
+            if ((bool?)expect["text"] == true)
+                Assert.IsNotEmpty(string.Concat(deltas.Select(d => d.Delta)).Trim(), "text");
+            if ((bool?)expect["heard"] == true)
+            {
+                var heard = messages.OfType<AsrFinal>().LastOrDefault();
+                Assert.That(heard != null && !string.IsNullOrWhiteSpace(heard.Text), "heard: an ASRFinal with words");
+            }
+            if ((bool?)expect["audio"] == true)
+                CheckAudio(messages.OfType<TtsChunk>().ToList());
+        }
+
+        /// <summary>The reply's audio: TTSChunks 0, 1, 2, ... with only the last final, each with
+        /// whole samples at a rate, and visemes that run forward within each chunk and through the
+        /// turn.</summary>
+        private static void CheckAudio(List<TtsChunk> chunks)
+        {
+            CollectionAssert.AreEqual(Enumerable.Range(0, chunks.Count).Select(i => (long)i), chunks.Select(c => c.Seq), "TTSChunk seq has gaps");
+            Assert.That(chunks.Count > 0 && chunks[chunks.Count - 1].Final == true, "the last TTSChunk is final");
+            Assert.That(chunks.Take(chunks.Count - 1).All(c => c.Final != true), "only the last TTSChunk is final");
+            var start = 0.0;
+            var times = new List<double>(); // each viseme's time in the whole turn
+            foreach (var chunk in chunks)
+            {
+                var pcm = chunk.PcmBytes;
+                Assert.That(pcm.Length > 0 && pcm.Length % 2 == 0 && chunk.SampleRate > 0, "TTSChunk " + chunk.Seq + ": whole samples at a rate");
+                var duration = pcm.Length / 2.0 / chunk.SampleRate;
+                var visemes = (chunk.Visemes ?? new List<Viseme>()).Select(v => v.T).ToList();
+                for (var i = 1; i < visemes.Count; i++)
+                    Assert.That(visemes[i - 1] < visemes[i], "TTSChunk " + chunk.Seq + ": viseme times strictly increasing");
+                Assert.That(visemes.All(t => t >= 0 && t <= duration), "TTSChunk " + chunk.Seq + ": viseme times within its " + duration + " s");
+                times.AddRange(visemes.Select(t => start + t));
+                start += duration;
+            }
+            Assert.That(times.Count > 0, "the turn has visemes");
+            for (var i = 1; i < times.Count; i++)
+                Assert.That(times[i - 1] <= times[i], "viseme times run forward through the turn");
         }
 
         private Task SceneAsync(JObject step, string who)
@@ -354,6 +563,9 @@ namespace Mythic.Client.Tests
                 ClientWebSocket ws;
                 object e = _bare.TryGetValue(who, out ws) ? await BareNextAsync(ws) : await Client(who).NextEventAsync(ConformanceTests.WaitS);
                 error = e as Error;
+                SpokenLog spoken;
+                if (error != null && TrySpoken(error.TurnId, out spoken))
+                    error = null; // a spoken turn's: the client reads that turn
             }
             foreach (var wanted in ((JObject)step["expect"]).Properties())
             {
