@@ -128,6 +128,8 @@ def audio_dir(request: pytest.FixtureRequest) -> Path:
     return conformance_audio(request)
 
 
+# The server's start (speech models included), the clips, and every scenario: a long test.
+@pytest.mark.timeout(1800)
 def test_the_addon_passes_its_tests_and_plays_the_conformance_suite(
     godot: str, conformance_url: str, audio_dir: Path
 ) -> None:

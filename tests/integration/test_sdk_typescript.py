@@ -145,6 +145,8 @@ def audio_dir(request: pytest.FixtureRequest) -> Path:
     return conformance_audio(request)
 
 
+# The server's start (speech models included), the clips, and every scenario: a long test.
+@pytest.mark.timeout(1500)
 def test_the_sdk_builds_and_plays_the_conformance_suite(
     npm: str, conformance_url: str, audio_dir: Path
 ) -> None:

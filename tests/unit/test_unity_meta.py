@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from tools.unity_meta import PACKAGE, assets, differences, guid, meta
 
 pytestmark = pytest.mark.unit
