@@ -27,6 +27,7 @@ import httpx
 import pytest
 from pydantic import TypeAdapter, ValidationError
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 from mythic.client import (
     ConnectionLostError,
@@ -392,7 +393,15 @@ class Player:
             pcm = base64.b64decode(audio["pcm_base64"])
             frame = AUDIO_FRAME_MAGIC + len(header).to_bytes(4, "little") + header + pcm
         ws = self.bare[who] if who in self.bare else self.clients[who]._ws
-        await ws.send(frame)
+        for _ in range(step.get("count", 1)):
+            await ws.send(frame)
+
+    async def _expect_closed(self, step: dict[str, Any], who: str) -> None:
+        ws = self.bare[who]
+        with contextlib.suppress(ConnectionClosed):
+            while True:  # what comes before the close is read, so the close frame is
+                await ws.recv()
+        assert ws.close_code == step["expect"]["code"], (ws.close_code, ws.close_reason)
 
     async def _expect_error(self, step: dict[str, Any], who: str) -> None:
         error = await (self._bare_error(who) if who in self.bare else self._client_error(who))
@@ -466,6 +475,7 @@ def test_the_suite_has_every_scenario_of_issue_35() -> None:
         "dropped_connection_mid_turn",
         "tool_call_sent_again",
         "audio_in_and_out",
+        "flood",
     }
 
 

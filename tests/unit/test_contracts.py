@@ -867,6 +867,81 @@ def test_nested_objects_are_defined_in_the_schema() -> None:
     assert scene["properties"]["objects"]["anyOf"][0]["maxItems"] == 256
 
 
+def _meets_rules(schema: dict[str, Any], message: dict[str, Any]) -> bool:
+    """Whether `message` meets the cross-field rules (`allOf` of `if`/`then`/`else` with
+    `properties`, `required`, `const` and `type`) of its definition: the part of JSON Schema
+    the rules use, evaluated as a client's validator does."""
+
+    def holds(part: dict[str, Any]) -> bool:
+        if any(name not in message for name in part.get("required", [])):
+            return False
+        for name, spec in part.get("properties", {}).items():
+            if name not in message:
+                continue
+            value = message[name]
+            if "const" in spec and value != spec["const"]:
+                return False
+            kind = spec.get("type")
+            if kind == "string" and not isinstance(value, str):
+                return False
+            if kind == "null" and value is not None:
+                return False
+        return True
+
+    return all(
+        holds(rule["then"]) if holds(rule["if"]) else holds(rule.get("else", {}))
+        for rule in schema.get("allOf", [])
+    )
+
+
+@pytest.mark.parametrize(
+    ("type_name", "message"),
+    [
+        ("SessionStart", {"session_id": "s-1"}),
+        ("SessionStart", {"resume_token": "r-1"}),
+        ("SessionStart", {"session_id": "s-1", "resume_token": None}),
+        ("SessionStart", {}),
+        ("SessionStart", {"session_id": "s-1", "resume_token": "r-1"}),
+        ("Ack", {"ack_of": "ToolCall", "status": "ok", "turn_id": "t-1"}),
+        ("Ack", {"ack_of": "ToolCall", "status": "ok", "call_id": "c-1"}),
+        ("Ack", {"ack_of": "SceneUpdate", "status": "ok"}),
+        ("LLMStreamDelta", {"final": True}),
+        ("LLMStreamDelta", {"final": True, "finish_reason": "stop"}),
+        ("LLMStreamDelta", {"finish_reason": "stop"}),
+        ("LLMStreamDelta", {"final": False, "finish_reason": None}),
+        ("LLMStreamDelta", {}),
+    ],
+)
+def test_the_schema_refuses_what_the_cross_field_validators_refuse(
+    type_name: str, message: dict[str, Any]
+) -> None:
+    """A client that checks what it sends against the JSON Schema refuses exactly what the
+    server's validators would (`SessionStart`'s resume, `Ack`'s call_id, `LLMStreamDelta`'s
+    finish_reason): the rules are in the schema, not only in pydantic."""
+    ids = {"npc_id": "marla", "session_id": "s-1", "turn_id": "t-1", "seq": 0, "delta": ""}
+    model = MESSAGE_TYPES[type_name]
+    fields = {k: v for k, v in ids.items() if k in model.model_fields} | message
+    try:
+        model.model_validate({"type": type_name, **fields})
+        valid = True
+    except ValidationError:
+        valid = False
+    schema = json_schemas()[f"messages/{type_name}.schema.json"]
+    assert _meets_rules(schema, fields) is valid
+
+
+def test_a_voice_sessions_input_rate_is_one_of_three_in_the_schema_too() -> None:
+    voice = json_schemas()["messages/SessionStart.schema.json"]["$defs"]["VoiceFormat"]
+    assert voice["properties"]["input_rate"]["enum"] == [16000, 32000, 48000]
+    for rate in (16000, 22050):
+        accepted = rate in voice["properties"]["input_rate"]["enum"]
+        try:
+            VoiceFormat(input_rate=rate)
+            assert accepted
+        except ValidationError:
+            assert not accepted
+
+
 def test_schema_export_defaults_to_schemas_in_the_current_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

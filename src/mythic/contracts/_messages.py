@@ -7,6 +7,7 @@ Python and are required on the wire.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
@@ -48,6 +49,25 @@ def _envelope_schema(schema: JsonDict) -> None:
         kind["description"] = "The message type: what the rest of the fields mean."
 
 
+def _present(name: str, value: JsonDict) -> JsonDict:
+    """JSON Schema: the object has `name`, and its value matches `value`."""
+    return {"properties": {name: value}, "required": [name]}
+
+
+def _with_rules(*rules: JsonDict) -> Callable[[JsonDict], None]:
+    """The envelope's schema plus the cross-field rules the message's validator checks
+    (`if`/`then`/`else` in an `allOf`), so that a client checking what it sends against the
+    JSON Schema refuses what the server would."""
+
+    def extra(schema: JsonDict) -> None:
+        _envelope_schema(schema)
+        schema["allOf"] = list(rules)
+
+    return extra
+
+
+_A_STRING: JsonDict = {"type": "string"}
+
 _STRICT = ConfigDict(
     extra="forbid",
     frozen=True,
@@ -78,7 +98,9 @@ class _Envelope(BaseModel):
 class VoiceFormat(_Part):
     """How a session's audio travels (in `SessionStart.voice`)."""
 
-    input_rate: SampleRate = 16000
+    input_rate: Annotated[SampleRate, Field(json_schema_extra={"enum": [16000, 32000, 48000]})] = (
+        16000
+    )
     """Samples per second of the player's microphone audio (`AudioChunk.sample_rate` must
     match): 16000, or 32000 or 48000 (the server decimates to 16000)."""
     binary: StrictBool = False
@@ -98,6 +120,14 @@ class VoiceFormat(_Part):
 
 class SessionStart(_Envelope):
     """Client -> server: open a session, or resume one with the token from its `Welcome`."""
+
+    model_config = ConfigDict(
+        **_STRICT,
+        json_schema_extra=_with_rules(
+            {"if": _present("session_id", _A_STRING), "then": _present("resume_token", _A_STRING)},
+            {"if": _present("resume_token", _A_STRING), "then": _present("session_id", _A_STRING)},
+        ),
+    )
 
     type: Literal["SessionStart"] = "SessionStart"
     player_id: Id | None = None
@@ -260,6 +290,17 @@ class IntentRequest(_Envelope):
 class LLMStreamDelta(_Envelope):
     """Server -> client: the next piece of an NPC's reply text, streamed as it is generated."""
 
+    model_config = ConfigDict(
+        **_STRICT,
+        json_schema_extra=_with_rules(
+            {
+                "if": _present("final", {"const": True}),
+                "then": _present("finish_reason", _A_STRING),
+                "else": {"properties": {"finish_reason": {"type": "null"}}},
+            }
+        ),
+    )
+
     type: Literal["LLMStreamDelta"] = "LLMStreamDelta"
     npc_id: Id
     """The NPC speaking."""
@@ -414,6 +455,16 @@ MessageType = Literal[
 
 class Ack(_Envelope):
     """Either direction: a message was handled; for a `ToolCall`, the game's result."""
+
+    model_config = ConfigDict(
+        **_STRICT,
+        json_schema_extra=_with_rules(
+            {
+                "if": _present("ack_of", {"const": "ToolCall"}),
+                "then": _present("call_id", _A_STRING),
+            }
+        ),
+    )
 
     type: Literal["Ack"] = "Ack"
     ack_of: MessageType
