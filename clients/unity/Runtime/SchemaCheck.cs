@@ -8,9 +8,10 @@ using Newtonsoft.Json.Linq;
 namespace Mythic.Client
 {
     /// <summary>Checks a message against its definition in one of the v1 JSON Schemas (the
-    /// keywords <c>mythic schema export</c> writes: type, const, enum, anyOf/oneOf, $ref,
-    /// properties, required, additionalProperties, string lengths, pattern, number bounds,
-    /// items). Newtonsoft.Json.Schema is not free software; the subset is small.</summary>
+    /// keywords <c>mythic schema export</c> writes: type, const, enum, anyOf/oneOf, allOf,
+    /// if/then/else, $ref, properties, required, additionalProperties, string lengths, pattern,
+    /// number bounds, items). Newtonsoft.Json.Schema is not free software; the subset is
+    /// small.</summary>
     internal sealed class SchemaCheck
     {
         private readonly JObject _defs;
@@ -62,13 +63,32 @@ namespace Mythic.Client
             }
             var type = (string)s["type"];
             if (type != null && !IsType(value, type))
-                return "must be " + (type == "object" || type == "array" || type == "integer" ? "an " : "a ") + type;
+                return "must be " + (type == "null" ? "" : type == "object" || type == "array" || type == "integer" ? "an " : "a ") + type;
             JToken constant;
             if (s.TryGetValue("const", out constant) && !JToken.DeepEquals(constant, value))
                 return "must be " + constant.ToString(Newtonsoft.Json.Formatting.None);
             var choices = (JArray)s["enum"];
             if (choices != null && !choices.Any(c => JToken.DeepEquals(c, value)))
                 return "must be one of " + string.Join(", ", choices.Select(c => c.ToString(Newtonsoft.Json.Formatting.None)));
+            var own = CheckOwn(s, value, path);
+            if (own != null)
+                return own;
+            // The cross-field rules last: a field that is wrong by itself is named as such first.
+            var all = (JArray)s["allOf"];
+            if (all != null)
+            {
+                foreach (var part in all)
+                {
+                    var why = Check(part, value, path);
+                    if (why != null)
+                        return why;
+                }
+            }
+            return s["if"] != null ? Conditional(s, value, path) : null;
+        }
+
+        private string CheckOwn(JObject s, JToken value, List<string> path)
+        {
             switch (value.Type)
             {
                 case JTokenType.String:
@@ -85,6 +105,40 @@ namespace Mythic.Client
             }
         }
 
+        /// <summary>if/then/else: <c>then</c> holds when the value matches <c>if</c>, <c>else</c>
+        /// when it does not. The error says which condition asked for it (<c>is required when
+        /// ack_of is "ToolCall"</c>), since the field is fine by itself.</summary>
+        private string Conditional(JObject s, JToken value, List<string> path)
+        {
+            var condition = s["if"];
+            var holds = Check(condition, value, new List<string>(path)) == null;
+            var rule = s[holds ? "then" : "else"];
+            if (rule == null)
+                return null;
+            var why = Check(rule, value, path);
+            if (why == null)
+                return null;
+            var when = Describe(condition);
+            return when == null ? why : why + (holds ? " when " : " unless ") + when;
+        }
+
+        /// <summary>An <c>if</c> of required fields in words: <c>ack_of is "ToolCall"</c>,
+        /// <c>session_id is given</c>; null for any other shape.</summary>
+        private static string Describe(JToken condition)
+        {
+            var s = condition as JObject;
+            var required = s == null ? null : s["required"] as JArray;
+            if (required == null || required.Count == 0)
+                return null;
+            var properties = (JObject)s["properties"] ?? new JObject();
+            return string.Join(" and ", required.Select(r =>
+            {
+                var field = properties[(string)r] as JObject;
+                var constant = field == null ? null : field["const"];
+                return (string)r + " is " + (constant == null ? "given" : constant.ToString(Newtonsoft.Json.Formatting.None));
+            }));
+        }
+
         /// <summary>anyOf/oneOf: valid when a branch holds. Otherwise the error of the branch of the
         /// value's own JSON type (a bad string is told what a string must be), else a summary.</summary>
         private string Branches(JArray branches, JToken value, List<string> path)
@@ -97,7 +151,7 @@ namespace Mythic.Client
                 var why = Check(branch, value, tried);
                 if (why == null)
                     return null;
-                var type = (string)branch["type"];
+                var type = TypeOf(branch);
                 if (closest == null && type != null && IsType(value, type))
                 {
                     closest = why;
@@ -109,6 +163,16 @@ namespace Mythic.Client
             path.Clear();
             path.AddRange(closestPath);
             return closest;
+        }
+
+        /// <summary>A branch's JSON type, through its $ref (an optional part is a $ref or null).</summary>
+        private string TypeOf(JToken branch)
+        {
+            var s = branch as JObject;
+            if (s == null)
+                return null;
+            var reference = (string)s["$ref"];
+            return (string)s["type"] ?? (reference == null ? null : (string)_defs[reference.Substring("#/$defs/".Length)]["type"]);
         }
 
         private static bool IsType(JToken value, string type)

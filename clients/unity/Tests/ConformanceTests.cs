@@ -234,6 +234,7 @@ namespace Mythic.Client.Tests
                 case "send": return SendAsync(step, who);
                 case "send_raw": return SendRawAsync(step, who);
                 case "expect_error": return ExpectErrorAsync(step, who);
+                case "expect_closed": return ExpectClosedAsync(step, who);
                 default: throw new AssertionException("unknown step " + action);
             }
         }
@@ -528,6 +529,8 @@ namespace Mythic.Client.Tests
             await Client(who).SendAsync(message);
         }
 
+        /// <summary>The frame <c>count</c> times (default 1), each send as soon as the socket took
+        /// the one before.</summary>
         private async Task SendRawAsync(JObject step, string who)
         {
             byte[] frame;
@@ -547,12 +550,38 @@ namespace Mythic.Client.Tests
                 frame = Protocol.EncodeAudioFrame((JObject)Fill(audio["header"], who), Convert.FromBase64String((string)audio["pcm_base64"]));
             }
             ClientWebSocket ws;
-            if (_bare.TryGetValue(who, out ws))
-                await ws.SendAsync(new ArraySegment<byte>(frame), text ? WebSocketMessageType.Text : WebSocketMessageType.Binary, true, CancellationToken.None);
-            else if (text)
-                await Client(who).SendRawAsync(Encoding.UTF8.GetString(frame));
-            else
-                await Client(who).SendRawAsync(frame);
+            var bare = _bare.TryGetValue(who, out ws);
+            var count = (int?)step["count"] ?? 1;
+            for (var i = 0; i < count; i++)
+            {
+                if (bare)
+                    await ws.SendAsync(new ArraySegment<byte>(frame), text ? WebSocketMessageType.Text : WebSocketMessageType.Binary, true, CancellationToken.None);
+                else if (text)
+                    await Client(who).SendRawAsync(Encoding.UTF8.GetString(frame));
+                else
+                    await Client(who).SendRawAsync(frame);
+            }
+        }
+
+        /// <summary>Reads (and skips) what the server sends on a bare connection until it closes
+        /// it, then checks the close code: the close frame is read after what came before it.</summary>
+        private async Task ExpectClosedAsync(JObject step, string who)
+        {
+            ClientWebSocket ws;
+            Assert.IsTrue(_bare.TryGetValue(who, out ws), "expect_closed is for a bare connection; " + who + " is not one");
+            var buffer = new byte[64 * 1024];
+            try
+            {
+                WebSocketReceiveResult received;
+                do
+                    received = await ws.ReceiveAsync(new ArraySegment<byte>(buffer), CancellationToken.None);
+                while (received.MessageType != WebSocketMessageType.Close);
+            }
+            catch (WebSocketException e)
+            {
+                Assert.Fail("the connection ended without a close frame (" + ws.State + "): " + e.Message);
+            }
+            Assert.AreEqual((int)step["expect"]["code"], (int?)ws.CloseStatus, "close code" + (string.IsNullOrEmpty(ws.CloseStatusDescription) ? "" : " (" + ws.CloseStatusDescription + ")"));
         }
 
         private async Task ExpectErrorAsync(JObject step, string who)
