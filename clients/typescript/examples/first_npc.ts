@@ -1,4 +1,5 @@
-// A first NPC line from Node, with a game tool: the code of docs/engines/typescript.md.
+// A first NPC line from Node, with a game tool, and an NPC's lip-sync: the code of
+// docs/engines/typescript.md.
 // Run: node build-test/examples/first_npc.js ws://127.0.0.1:8765/v1/ws
 import { pathToFileURL } from "node:url";
 
@@ -35,6 +36,34 @@ export async function firstLine(url: string, print: (text: string) => void = con
   }
   // --8<-- [end:first-line]
 }
+
+// --8<-- [start:lip-sync]
+import { BlendShapeMap, WebAudioSpeaker, type AudioOut, type ClientEvent } from "@mythic-npc/client";
+
+/** What lip-sync moves: a three.js mesh with morph targets (a Ready Player Me avatar's head). */
+export interface Face {
+  morphTargetDictionary?: Record<string, number>;
+  morphTargetInfluences?: number[];
+}
+
+/** Marla's voice on `audio` (a browser's `new AudioContext()`) and her mouth on `face`. */
+export function lipSync(audio: AudioOut, face: Face) {
+  const speaker = new WebAudioSpeaker(audio, { npcId: "marla" });
+  const map = BlendShapeMap.oculusVisemes(); // viseme_aa, viseme_PP, ...; arKit() for ARKit faces
+  const targets = map.shapes.map((shape) => face.morphTargetDictionary?.[shape]);
+  return {
+    // The voice session's onEvent: her TTSChunks play back to back, a Cutoff silences her.
+    hear: (event: ClientEvent) => speaker.hear(event),
+    // Each animation frame: the mouth at what is heard now.
+    frame() {
+      speaker.weights(map).forEach((weight, i) => {
+        const target = targets[i];
+        if (target !== undefined && face.morphTargetInfluences) face.morphTargetInfluences[target] = weight;
+      });
+    },
+  };
+}
+// --8<-- [end:lip-sync]
 
 const [, script, url] = process.argv;
 if (script !== undefined && url !== undefined && import.meta.url === pathToFileURL(script).href) {
