@@ -295,6 +295,7 @@ export class MythicClient {
    * Connects and opens the session, or resumes it after `disconnect`.
    *
    * @throws ServerError the server refused the session.
+   * @throws ValidationError the options break the schema (a voice format's `input_rate`).
    * @throws WaitTimeoutError no Welcome within `timeoutMs`.
    */
   async connect(): Promise<Welcome> {
@@ -333,23 +334,23 @@ export class MythicClient {
   }
 
   private open(): Promise<Welcome> {
+    // Checked before the socket opens: options the schema refuses (a voice format's
+    // input_rate) fail here, as a ValidationError, not in the socket's open handler.
+    const start = checkOutgoing({
+      type: "SessionStart",
+      ...(this.options.playerId !== undefined && { player_id: this.options.playerId }),
+      ...(this.resumeToken !== undefined && {
+        session_id: this.sessionId,
+        resume_token: this.resumeToken,
+      }),
+      ...(this.options.voice !== undefined && { voice: this.options.voice }),
+    });
     return bounded(
       new Promise<Welcome>((resolve, reject) => {
         const ws = new this.factory(this.url);
         ws.binaryType = "arraybuffer";
         let welcomed = false;
-        ws.onopen = () => {
-          const start: Outgoing = {
-            type: "SessionStart",
-            ...(this.options.playerId !== undefined && { player_id: this.options.playerId }),
-            ...(this.resumeToken !== undefined && {
-              session_id: this.sessionId,
-              resume_token: this.resumeToken,
-            }),
-            ...(this.options.voice !== undefined && { voice: this.options.voice }),
-          };
-          ws.send(JSON.stringify(checkOutgoing(start)));
-        };
+        ws.onopen = () => ws.send(JSON.stringify(start));
         ws.onmessage = (event: { data: unknown }) => {
           const message = this.read(event.data);
           if (message === null) return;

@@ -1,7 +1,7 @@
 // Messages to frames and back: validation against the generated schema, JSON frames and
 // binary audio frames. Nothing here throws anything but this package's typed errors.
 import { Ajv2020 } from "ajv/dist/2020.js";
-import type { ValidateFunction } from "ajv/dist/2020.js";
+import type { ErrorObject, ValidateFunction } from "ajv/dist/2020.js";
 
 import { ProtocolError, ValidationError } from "./errors.js";
 import type { MythicMessage, TTSChunk } from "./generated/messages.js";
@@ -30,7 +30,9 @@ export type Outgoing<M extends ClientMessage = ClientMessage> = M extends Client
 type Side = "client" | "server";
 
 // Each message is checked against its own definition (its type is known before), so only the
-// schemas' `$defs` are compiled: the errors name that message's fields.
+// schemas' `$defs` are compiled: the errors name that message's fields. ajv's strict mode
+// stays as it is: the cross-field rules' `if`/`then`/`else` check the message object itself,
+// so strictTypes knows their `properties` and `required` apply to an object.
 const ajv = new Ajv2020({ allErrors: false });
 const SCHEMAS = { client: clientSchema, server: serverSchema } as const;
 for (const side of ["client", "server"] as const) {
@@ -56,16 +58,55 @@ function validatorOf(side: Side, type: string): ValidateFunction {
   return validate;
 }
 
-/** The first schema violation of `obj`, as a dotted ref and a message; null when valid. */
+/** The ajv errors that point at the object, and the param of each that names the field. */
+const FIELD_PARAMS: Readonly<Record<string, string>> = {
+  required: "missingProperty",
+  additionalProperties: "additionalProperty",
+};
+
+/**
+ * The first schema violation of `obj`, as a dotted ref and a message; null when valid. The
+ * ref names the field even where ajv points at the object (a field left out or not in the
+ * schema).
+ */
 function violation(side: Side, obj: Record<string, unknown>): [string, string] | null {
   const type = String(obj.type);
   const validate = validatorOf(side, type);
   if (validate(obj)) return null;
   const first = validate.errors?.[0];
-  const path = (first?.instancePath ?? "").split("/").filter(Boolean);
-  const extra = first?.keyword === "additionalProperties" ? first.params.additionalProperty : null;
-  const ref = [type, ...path, ...(extra ? [extra] : [])].join(".");
-  return [ref, `${ref}: ${first?.message ?? "invalid"}`];
+  if (first === undefined) return [type, `${type}: invalid`];
+  const path = first.instancePath.split("/").filter(Boolean);
+  const param = FIELD_PARAMS[first.keyword];
+  const field: unknown = param === undefined ? undefined : first.params[param];
+  const ref = [type, ...path, ...(typeof field === "string" ? [field] : [])].join(".");
+  return [ref, `${ref}: ${first.message ?? "invalid"}${allowed(first)}${condition(side, type, first)}`];
+}
+
+/** The values an `enum` allows, which ajv's message leaves out. */
+function allowed(error: ErrorObject): string {
+  return error.keyword === "enum" ? ` (${(error.params.allowedValues as unknown[]).join(", ")})` : "";
+}
+
+/**
+ * When `error` breaks one of the message's cross-field rules (`allOf` of `if`/`then`/`else`):
+ * the rule's condition (` when ack_of is "ToolCall"`), without which the message reads as if
+ * the field were always required.
+ */
+function condition(side: Side, type: string, error: ErrorObject): string {
+  const branch = /^#\/allOf\/(\d+)\/(then|else)\//.exec(error.schemaPath);
+  if (branch === null) return "";
+  const definitions = SCHEMAS[side].$defs as Readonly<Record<string, { allOf?: readonly Rule[] }>>;
+  const rule = definitions[type]?.allOf?.[Number(branch[1])];
+  if (rule === undefined) return "";
+  const fields = Object.entries(rule.if.properties ?? {}).map(([name, spec]) =>
+    "const" in spec ? `${name} is ${JSON.stringify(spec.const)}` : `${name} is given`,
+  );
+  return ` ${branch[2] === "then" ? "when" : "unless"} ${fields.join(" and ")}`;
+}
+
+/** A cross-field rule of the schema, as far as `condition` reads it. */
+interface Rule {
+  readonly if: { readonly properties?: Readonly<Record<string, { readonly const?: unknown }>> };
 }
 
 /**

@@ -17,6 +17,8 @@ import {
   fromBase64,
   toBase64,
   type ClientOptions,
+  type Outgoing,
+  type VoiceFormat,
 } from "../src/index.js";
 
 type Script = (ws: WebSocket, received: Record<string, any>[]) => void;
@@ -167,6 +169,77 @@ test("outgoing messages are checked against the schema before sending", async ()
       await assert.rejects(client.scene("marla", { objects: { player: -1 } }), ValidationError);
       await assert.rejects(client.say("not an id!", "Hi"), ValidationError);
       assert.deepEqual(received.map((m) => m.type), ["SessionStart"]);
+    },
+  );
+});
+
+test("the schema's cross-field rules are checked before sending, naming the field", async () => {
+  await withPeer(
+    () => {},
+    async (client, received) => {
+      const refused = (message: Outgoing, ref: string, why: RegExp) =>
+        assert.rejects(client.send(message), (error: unknown) => {
+          assert.ok(error instanceof ValidationError);
+          assert.equal(error.ref, ref);
+          assert.match(error.message, why);
+          return true;
+        });
+      await refused({ type: "Ack", ack_of: "ToolCall", status: "ok", turn_id: "t-1" }, "Ack.call_id", /when ack_of is "ToolCall"/);
+      await refused({ type: "SessionStart", session_id: "s-1" }, "SessionStart.resume_token", /when session_id is given/);
+      await refused({ type: "SessionStart", resume_token: "r-1" }, "SessionStart.session_id", /when resume_token is given/);
+      await refused({ type: "SessionStart", session_id: "s-1", resume_token: null }, "SessionStart.resume_token", /must be string/);
+      // @ts-expect-error the types allow the three rates only, as the schema does
+      await refused({ type: "SessionStart", voice: { input_rate: 22050 } }, "SessionStart.voice.input_rate", /16000, 32000, 48000/);
+      await client.send({ type: "Ack", ack_of: "ToolCall", status: "ok", turn_id: "t-1", call_id: "c-1" });
+      await client.send({ type: "Ack", ack_of: "SceneUpdate", status: "ok" });
+      await client.send({ type: "SessionStart", session_id: "s-1", resume_token: "r-1" });
+      await client.send({ type: "SessionStart", voice: { input_rate: 48000 } });
+      for (let i = 0; i < 2; i++) {
+        const answer = await client.nextEvent(); // the peer welcomes each SessionStart, in order
+        assert.ok(!(answer instanceof Error) && answer.type === "Welcome", String(answer));
+      }
+      assert.deepEqual(
+        received.map((m) => [m.type, m.ack_of ?? m.session_id ?? m.voice?.input_rate ?? null]),
+        [["SessionStart", null], ["Ack", "ToolCall"], ["Ack", "SceneUpdate"], ["SessionStart", "s-1"], ["SessionStart", 48000]],
+      );
+    },
+  );
+});
+
+test("a voice format the schema refuses fails connect before a socket opens", async () => {
+  const server = new WebSocketServer({ host: "127.0.0.1", port: 0 });
+  await new Promise((ok) => server.once("listening", ok));
+  let connections = 0;
+  server.on("connection", () => connections++);
+  const { port } = server.address() as AddressInfo;
+  const voice = { input_rate: 22050 } as unknown as VoiceFormat; // a game's config, read at runtime
+  const client = new MythicClient(`ws://127.0.0.1:${port}/v1/ws`, { WebSocket, timeoutMs: 2000, voice });
+  await assert.rejects(client.connect(), (error: unknown) => error instanceof ValidationError && error.ref === "SessionStart.voice.input_rate");
+  assert.equal(connections, 0);
+  await client.close();
+  await new Promise((ok) => server.close(ok));
+});
+
+test("a delta breaking the finish_reason rule is a typed event, and the turn goes on", async () => {
+  await withPeer(
+    (ws, received) => {
+      if (received.at(-1)?.type !== "PlayerUtterance") return;
+      ws.send(JSON.stringify(delta(0, "Aye, ")));
+      ws.send(JSON.stringify({ ...delta(1, "x"), final: true })); // final, with no finish_reason
+      ws.send(JSON.stringify({ ...delta(1, "x"), finish_reason: "stop" })); // a finish_reason, not final
+      ws.send(JSON.stringify(delta(1, "we're open.", true)));
+    },
+    async (client) => {
+      const turn = await client.say("marla", "Open?", { turnId: "t-1" });
+      assert.equal(await turn.reply(), "Aye, we're open.");
+      assert.equal(turn.finishReason, "stop");
+      for (const why of [/required property 'finish_reason' when final is true/, /must be null unless final is true/]) {
+        const event = await client.nextEvent();
+        assert.ok(event instanceof ProtocolError);
+        assert.equal(event.code, "invalid_message");
+        assert.equal(event.ref, "LLMStreamDelta.finish_reason");
+        assert.match(event.message, why);
+      }
     },
   );
 });

@@ -107,14 +107,22 @@ class SpokenLog {
   }
 }
 
-/** A plain WebSocket, no SDK: frames in arrival order, each taken once. */
+/** A plain WebSocket, no SDK: frames in arrival order, each taken once, then its close. */
 class Bare {
   private readonly frames: string[] = [];
   private wake: (() => void) | null = null;
+  /** The WebSocket close code, once the connection closed. */
+  private closeCode: number | null = null;
+  private failure: Error | null = null;
 
   constructor(readonly ws: WebSocket) {
     ws.on("message", (data) => {
       this.frames.push(String(data));
+      this.wake?.();
+    });
+    ws.on("error", (error) => (this.failure = error)); // a close (1006) follows
+    ws.on("close", (code) => {
+      this.closeCode = code;
       this.wake?.();
     });
   }
@@ -128,8 +136,21 @@ class Bare {
   }
 
   async next(): Promise<ServerMessage> {
-    while (this.frames.length === 0) await new Promise<void>((wake) => (this.wake = wake));
+    while (this.frames.length === 0) {
+      if (this.closeCode !== null) throw new Error(`the connection closed (${this.closeCode}) ${this.failure ?? ""}`);
+      await new Promise<void>((wake) => (this.wake = wake));
+    }
     return parseServerFrame(this.frames.shift()!);
+  }
+
+  /**
+   * Skips what the server sends until it closes the connection: its close code, and the
+   * error that broke it off, if one did.
+   */
+  async closed(): Promise<{ code: number; failure: Error | null }> {
+    while (this.closeCode === null) await new Promise<void>((wake) => (this.wake = wake));
+    this.frames.length = 0;
+    return { code: this.closeCode, failure: this.failure };
   }
 }
 
@@ -340,9 +361,25 @@ class Player {
     if ("text" in step) frame = this.fill(step.text, who).repeat(step.repeat ?? 1);
     else if ("binary_base64" in step) frame = fromBase64(step.binary_base64);
     else frame = encodeAudioFrame(this.fill(step.audio_frame.header, who), fromBase64(step.audio_frame.pcm_base64));
+    const count: number = step.count ?? 1;
     const bare = this.bare.get(who);
-    if (bare !== undefined) bare.ws.send(frame);
-    else await this.client(who).sendRaw(frame);
+    if (bare === undefined) {
+      for (let i = 0; i < count; i++) await this.client(who).sendRaw(frame);
+      return;
+    }
+    // All handed to the socket at once, each send's callback awaited: as fast as it takes them.
+    const sent = Array.from(
+      { length: count },
+      () => new Promise<void>((ok, fail) => bare.ws.send(frame, (error) => (error ? fail(error) : ok()))),
+    );
+    await Promise.all(sent);
+  }
+
+  async expect_closed(step: Step, who: string): Promise<void> {
+    const bare = this.bare.get(who);
+    assert.ok(bare, `expect_closed is a bare connection's step; ${who} is not one`);
+    const { code, failure } = await bare.closed();
+    assert.equal(code, step.expect.code, `close code ${code} ${failure ?? ""}`);
   }
 
   async expect_error(step: Step, who: string): Promise<void> {

@@ -61,7 +61,7 @@ export interface VoiceFormat {
    * Samples per second of the player's microphone audio (`AudioChunk.sample_rate` must
    * match): 16000, or 32000 or 48000 (the server decimates to 16000).
    */
-  input_rate?: number;
+  input_rate?: 16000 | 32000 | 48000;
   /**
    * True: the server sends `TTSChunk`s as binary audio frames (a JSON header and raw PCM,
    * see `dump_audio_frame`) instead of JSON with base64 PCM. Either way the client may send

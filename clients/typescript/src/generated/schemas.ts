@@ -7,6 +7,30 @@ export const clientSchema = {
   "$defs": {
     "Ack": {
       "additionalProperties": false,
+      "allOf": [
+        {
+          "if": {
+            "properties": {
+              "ack_of": {
+                "const": "ToolCall"
+              }
+            },
+            "required": [
+              "ack_of"
+            ]
+          },
+          "then": {
+            "properties": {
+              "call_id": {
+                "type": "string"
+              }
+            },
+            "required": [
+              "call_id"
+            ]
+          }
+        }
+      ],
       "description": "Either direction: a message was handled; for a `ToolCall`, the game's result.",
       "properties": {
         "schema_version": {
@@ -676,6 +700,52 @@ export const clientSchema = {
     },
     "SessionStart": {
       "additionalProperties": false,
+      "allOf": [
+        {
+          "if": {
+            "properties": {
+              "session_id": {
+                "type": "string"
+              }
+            },
+            "required": [
+              "session_id"
+            ]
+          },
+          "then": {
+            "properties": {
+              "resume_token": {
+                "type": "string"
+              }
+            },
+            "required": [
+              "resume_token"
+            ]
+          }
+        },
+        {
+          "if": {
+            "properties": {
+              "resume_token": {
+                "type": "string"
+              }
+            },
+            "required": [
+              "resume_token"
+            ]
+          },
+          "then": {
+            "properties": {
+              "session_id": {
+                "type": "string"
+              }
+            },
+            "required": [
+              "session_id"
+            ]
+          }
+        }
+      ],
       "description": "Client -> server: open a session, or resume one with the token from its `Welcome`.",
       "properties": {
         "schema_version": {
@@ -767,6 +837,11 @@ export const clientSchema = {
         "input_rate": {
           "default": 16000,
           "description": "Samples per second of the player's microphone audio (`AudioChunk.sample_rate` must\nmatch): 16000, or 32000 or 48000 (the server decimates to 16000).",
+          "enum": [
+            16000,
+            32000,
+            48000
+          ],
           "maximum": 48000,
           "minimum": 8000,
           "title": "Input Rate",
@@ -982,6 +1057,30 @@ export const serverSchema = {
     },
     "Ack": {
       "additionalProperties": false,
+      "allOf": [
+        {
+          "if": {
+            "properties": {
+              "ack_of": {
+                "const": "ToolCall"
+              }
+            },
+            "required": [
+              "ack_of"
+            ]
+          },
+          "then": {
+            "properties": {
+              "call_id": {
+                "type": "string"
+              }
+            },
+            "required": [
+              "call_id"
+            ]
+          }
+        }
+      ],
       "description": "Either direction: a message was handled; for a `ToolCall`, the game's result.",
       "properties": {
         "schema_version": {
@@ -1367,6 +1466,37 @@ export const serverSchema = {
     },
     "LLMStreamDelta": {
       "additionalProperties": false,
+      "allOf": [
+        {
+          "else": {
+            "properties": {
+              "finish_reason": {
+                "type": "null"
+              }
+            }
+          },
+          "if": {
+            "properties": {
+              "final": {
+                "const": true
+              }
+            },
+            "required": [
+              "final"
+            ]
+          },
+          "then": {
+            "properties": {
+              "finish_reason": {
+                "type": "string"
+              }
+            },
+            "required": [
+              "finish_reason"
+            ]
+          }
+        }
+      ],
       "description": "Server -> client: the next piece of an NPC's reply text, streamed as it is generated.",
       "properties": {
         "schema_version": {
