@@ -163,12 +163,13 @@ def test_the_sdk_builds_and_plays_the_conformance_suite(
 
 
 def test_the_docs_code_is_the_tested_example() -> None:
-    """Each marked region of the example (run by `example.test.ts`) is a code block of the
-    engine page, as it is: the page shows code that ran."""
+    """Each marked region of the example (run by `example.test.ts`; `lip-sync` by
+    `lipsync.test.ts`) is a code block of the engine page, as it is: the page shows code that
+    ran."""
     source = EXAMPLE.read_text()
     regions = re.findall(
         r"// --8<-- \[start:([\w-]+)\]\n(.*?)\n\s*// --8<-- \[end:\1\]", source, re.DOTALL
     )
     blocks = re.findall(r"```ts\n(.*?)```", DOC.read_text(), re.DOTALL)
-    assert [name for name, _ in regions] == ["tool-handler", "first-line"]
+    assert [name for name, _ in regions] == ["tool-handler", "first-line", "lip-sync"]
     assert [textwrap.dedent(code).strip() for _, code in regions] == [b.strip() for b in blocks]
