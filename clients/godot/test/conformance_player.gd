@@ -129,17 +129,25 @@ class SpokenLog:
 		return lines.join("; ").left(2000)
 
 
-# A plain WebSocket, no client and no SessionStart: the frames it got, in order.
+# A plain WebSocket, no client and no SessionStart: the frames it got, in order, and the code
+# the server closed it with (-1 while it has not).
 class Bare:
 	extends Reference
 	var socket := MythicSocket.new()
 	var frames := []
+	var close_code := -1
 
 	func _init() -> void:
 		socket.connect("received", self, "_on_received")
+		# The addon's socket keeps no close code (a game has no use for it); Godot 3's client
+		# signals the server's close frame.
+		socket._ws.connect("server_close_request", self, "_on_close_request")
 
 	func _on_received(data: PoolByteArray, _is_text: bool) -> void:
 		frames.append(data.get_string_from_utf8())
+
+	func _on_close_request(code: int, _reason: String) -> void:
+		close_code = code
 
 	func has_frames() -> bool:
 		return not frames.empty()
@@ -434,16 +442,23 @@ func _send_raw(step: Dictionary, who: String):
 		frame = _protocol.encode_audio_frame(
 			_fill(audio["header"], who), Marshalls.base64_to_raw(audio["pcm_base64"])
 		)
-	if _bare.has(who):
-		var socket = _bare[who].socket
-		var sent: int = (
-			socket.send_text(frame)
-			if typeof(frame) == TYPE_STRING
-			else socket.send_binary(frame)
-		)
-		return "" if sent == OK else "not sent: error %d" % sent
-	var refused = _clients[who].send_raw(frame)
-	return "" if refused == null else str(refused)
+	# `count` frames in one go, no frame of the game loop between them: a flood outruns the
+	# server's refill only when the frames come faster than it (50 a second by default).
+	for _i in range(int(step.get("count", 1))):
+		if _bare.has(who):
+			var socket = _bare[who].socket
+			var sent: int = (
+				socket.send_text(frame)
+				if typeof(frame) == TYPE_STRING
+				else socket.send_binary(frame)
+			)
+			if sent != OK:
+				return "not sent: error %d" % sent
+		else:
+			var refused = _clients[who].send_raw(frame)
+			if refused != null:
+				return str(refused)
+	return ""
 
 
 func _expect_error(step: Dictionary, who: String):
@@ -466,6 +481,18 @@ func _expect_error(step: Dictionary, who: String):
 		if not _same(error.get(key), step["expect"][key]):
 			return "%s of %s" % [key, to_json(error)]
 	return ""
+
+
+func _expect_closed(step: Dictionary, who: String):
+	if not _bare.has(who):
+		return "expect_closed is for a bare connection (open_bare)"
+	var bare: Bare = _bare[who]
+	var waited = yield(Wait.until(bare.socket, "is_done", WAIT_S, "close"), "completed")
+	if waited is MythicError:
+		return str(waited)
+	bare.frames.clear()  # what came before the close is skipped
+	var code := int(step["expect"]["code"])
+	return "" if bare.close_code == code else "closed with code %d" % bare.close_code
 
 
 func _read(step: Dictionary, who: String):

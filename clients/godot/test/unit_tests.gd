@@ -161,6 +161,104 @@ func test_optional_fields_take_null_and_scene_objects_are_checked_each() -> Stri
 	return _result()
 
 
+func test_cross_field_rules_refuse_with_the_field_and_accept_what_meets_them() -> String:
+	# The schema's if/then rules (generated RULES) and the VoiceFormat.input_rate enum: what
+	# the server's validators refuse is refused here, with the field; what they take is sent.
+	var ack := {"type": "Ack", "ack_of": "ToolCall", "status": "ok", "turn_id": "t-1"}
+	var refused := [
+		[ack, "Ack.call_id", "is required when ack_of is \"ToolCall\""],
+		[_with(ack, "call_id", null), "Ack.call_id", "when ack_of is \"ToolCall\""],
+		[
+			{"type": "SessionStart", "session_id": "s-1"},
+			"SessionStart.resume_token",
+			"is required when session_id is a string"
+		],
+		[
+			{"type": "SessionStart", "resume_token": "r-1"},
+			"SessionStart.session_id",
+			"is required when resume_token is a string"
+		],
+		[
+			{"type": "SessionStart", "session_id": "s-1", "resume_token": null},
+			"SessionStart.resume_token",
+			"when session_id is a string"
+		],
+		[
+			{"type": "SessionStart", "voice": {"input_rate": 22050}},
+			"SessionStart.voice.input_rate",
+			"must be one of [16000,32000,48000]"
+		],
+		[
+			{"type": "SessionStart", "voice": {"input_rate": 22050.0}},
+			"SessionStart.voice.input_rate",
+			"must be one of"
+		],
+	]
+	for case in refused:
+		var checked = _protocol.check_outgoing(case[0])
+		if not checked is MythicError:
+			_failures.append("not refused: %s" % to_json(case[0]))
+			continue
+		_expect(checked.kind == MythicError.VALIDATION, "kind %s" % checked.kind)
+		_expect(checked.ref == case[1], "ref %s, not %s" % [checked.ref, case[1]])
+		_expect(case[2] in checked.message, "%s: %s" % [to_json(case[0]), checked.message])
+	var accepted := [
+		_with(ack, "call_id", "c-1"),
+		{"type": "Ack", "ack_of": "SceneUpdate", "status": "ok"},
+		{"type": "Ack", "ack_of": "SceneUpdate", "status": "ok", "call_id": null},
+		{"type": "SessionStart", "session_id": "s-1", "resume_token": "r-1"},
+		{"type": "SessionStart", "session_id": null, "resume_token": null},
+		{"type": "SessionStart"},
+		{"type": "SessionStart", "voice": {"input_rate": 32000}},
+		{"type": "SessionStart", "voice": {"input_rate": 48000.0, "binary": true}},
+	]
+	for message in accepted:
+		var checked = _protocol.check_outgoing(message)
+		_expect(not checked is MythicError, "%s refused: %s" % [to_json(message), str(checked)])
+	return _result()
+
+
+func test_a_final_delta_and_only_it_has_a_finish_reason() -> String:
+	# LLMStreamDelta's rule, which the server keeps: a frame that breaks it is not read.
+	var delta := {
+		"schema_version": "v1",
+		"type": "LLMStreamDelta",
+		"npc_id": "marla",
+		"session_id": "s-1",
+		"turn_id": "t-1",
+		"seq": 0,
+		"delta": "Aye."
+	}
+	var broken := [
+		[_with(delta, "final", true), "is required when final is true"],
+		[_with(_with(delta, "final", true), "finish_reason", null), "when final is true"],
+		[_with(delta, "finish_reason", "stop"), "is not null unless final is true"],
+		[
+			_with(_with(delta, "final", false), "finish_reason", "stop"),
+			"is not null unless final is true"
+		],
+	]
+	for case in broken:
+		var read = _protocol.parse_server_frame(to_json(case[0]))
+		if not read is MythicError:
+			_failures.append("read: %s" % to_json(case[0]))
+			continue
+		_expect(read.code == "invalid_message", "%s: %s" % [to_json(case[0]), str(read)])
+		_expect(read.ref == "LLMStreamDelta.finish_reason", "ref %s" % read.ref)
+		_expect(case[1] in read.message, "%s: %s" % [to_json(case[0]), read.message])
+	var fine := [
+		delta,
+		_with(delta, "final", false),
+		_with(delta, "finish_reason", null),
+		_with(_with(delta, "final", true), "finish_reason", "stop"),
+		_with(_with(delta, "final", true), "finish_reason", "tool_call"),
+	]
+	for message in fine:
+		var read = _protocol.parse_server_frame(to_json(message))
+		_expect(not read is MythicError, "%s not read: %s" % [to_json(message), str(read)])
+	return _result()
+
+
 func test_the_generated_definitions_cover_every_message_type() -> String:
 	for type in Messages.CLIENT_TYPES + Messages.SERVER_TYPES:
 		_expect(Messages.DEFS.has(type), "no definition of %s" % type)

@@ -1,7 +1,7 @@
 """Generates the Godot addon's message definitions from the JSON Schema the server exports
 (`mythic schema export --out DIR`): `addons/mythic/generated/messages.gd`, the message types,
-their required fields, enum values and field rules the addon validates outgoing (and
-incoming) messages with.
+their required fields, enum values, field rules and cross-field rules the addon validates
+outgoing (and incoming) messages with.
 
 No maintained JSON Schema to GDScript generator exists, so this one is small and reads only
 the keywords the v1 schema uses; any other keyword fails the generation instead of being
@@ -36,6 +36,11 @@ _RULE_KEYS = {
 # Keywords that say nothing a client checks (documentation, defaults, the encoding of pcm:
 # its pattern checks it).
 _IGNORED = {"title", "description", "default", "contentEncoding"}
+# The keywords of a message's definition; `allOf` holds its cross-field rules.
+_DEFINITION_KEYS = {"type", "additionalProperties", "required", "properties", "allOf"}
+# The JSON type of a `const` that comes without one (`{"const": true}` in a rule's `if`): the
+# addon compares a value with the const only once it has the const's type.
+_CONST_TYPES = {bool: "boolean", str: "string", int: "integer", float: "number"}
 _SIMPLE_PATTERN = re.compile(r"\^((?:\[[^\]\\]+\](?:\{\d+(?:,\d+)?\})?)+)\$")
 _SEGMENT = re.compile(r"\[([^\]\\]+)\](?:\{(\d+)(?:,(\d+))?\})?")
 
@@ -82,6 +87,8 @@ def _rule(schema: dict[str, Any], where: str) -> dict[str, Any]:
     if "$ref" in schema:
         return {"ref": schema["$ref"].rsplit("/", 1)[-1]}
     rule: dict[str, Any] = {"type": schema.get("type", "any")}
+    if "type" not in schema and type(schema.get("const")) in _CONST_TYPES:
+        rule["type"] = _CONST_TYPES[type(schema["const"])]
     for key, value in schema.items():
         if key in _IGNORED or key == "type":
             continue
@@ -108,9 +115,15 @@ def _alternatives(schema: dict[str, Any], where: str) -> list[dict[str, Any]]:
     return [_rule(schema, where)]
 
 
+def _refuse_unknown(schema: dict[str, Any], known: set[str], where: str) -> None:
+    if unknown := sorted(set(schema) - known):
+        raise SchemaError(f"{where}: the keyword {unknown[0]!r} is not translated")
+
+
 def _definition(name: str, schema: dict[str, Any]) -> dict[str, Any]:
     if schema.get("type") != "object" or schema.get("additionalProperties") is not False:
         raise SchemaError(f"{name}: a message is an object with additionalProperties false")
+    _refuse_unknown(schema, _DEFINITION_KEYS | _IGNORED, name)
     return {
         "required": schema.get("required", []),
         "fields": {
@@ -118,6 +131,38 @@ def _definition(name: str, schema: dict[str, Any]) -> dict[str, Any]:
             for field, rule in schema.get("properties", {}).items()
         },
     }
+
+
+def _part(schema: dict[str, Any], where: str) -> dict[str, Any]:
+    """One part of a cross-field rule: the fields it requires, and the rules a field's value
+    must match when the field is there (JSON Schema's `required` and `properties`)."""
+    _refuse_unknown(schema, {"required", "properties"}, where)
+    return {
+        "required": schema.get("required", []),
+        "fields": {
+            field: _alternatives(rule, f"{where}.{field}")
+            for field, rule in schema.get("properties", {}).items()
+        },
+    }
+
+
+def _cross_field_rules(name: str, schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """A message's `allOf` of `if`/`then`/`else` rules: when it meets `if`, it must meet
+    `then`, else `else` (when there is one)."""
+    rules: list[dict[str, Any]] = []
+    for i, rule in enumerate(schema.get("allOf", [])):
+        where = f"{name}.allOf[{i}]"
+        _refuse_unknown(rule, {"if", "then", "else"}, where)
+        if "if" not in rule or not {"then", "else"} & set(rule):
+            raise SchemaError(f"{where}: a rule is an if with a then or an else")
+        rules.append(
+            {
+                key: _part(rule[key], f"{where}.{key}")
+                for key in ("if", "then", "else")
+                if key in rule
+            }
+        )
+    return rules
 
 
 def _types(schema: dict[str, Any]) -> list[str]:
@@ -147,6 +192,15 @@ def _gd_table(table: dict[str, Any], levels: int, indent: int = 1) -> str:
     return "{\n" + "\n".join(rows) + "\n" + "\t" * (indent - 1) + "}"
 
 
+def _gd_lists(table: dict[str, list[Any]]) -> str:
+    """A dictionary literal of lists, one item a line."""
+    rows = [
+        f"\t{_gd(key)}: [\n" + "".join(f"\t\t{_gd(item)},\n" for item in items) + "\t],"
+        for key, items in table.items()
+    ]
+    return "{\n" + "\n".join(rows) + "\n}"
+
+
 def _enums(defs: dict[str, Any]) -> dict[str, list[Any]]:
     found: dict[str, list[Any]] = {}
     for name, definition in defs.items():
@@ -163,6 +217,11 @@ def generate(schema_dir: Path) -> str:
     client = json.loads((schema_dir / "mythic-v1-client.schema.json").read_text())
     server = json.loads((schema_dir / "mythic-v1-server.schema.json").read_text())
     defs = {name: _definition(name, s) for name, s in sorted(protocol["$defs"].items())}
+    rules = {
+        name: found
+        for name, s in sorted(protocol["$defs"].items())
+        if (found := _cross_field_rules(name, s))
+    }
     versions = {
         d["fields"]["schema_version"][0]["const"]
         for d in defs.values()
@@ -193,6 +252,12 @@ def generate(schema_dir: Path) -> str:
         "# pattern as [characters, min, max] runs), `minimum`, `maximum`, `items`, `max_items`, or",
         "# `ref` (another definition). No field outside `fields` is allowed.",
         f"const DEFS = {_gd_table(defs, 3)}",
+        "",
+        "# The cross-field rules of a message or nested object (the schema's `allOf` of",
+        "# `if`/`then`/`else`): when it meets `if`, it must meet `then`, else `else` (when there",
+        "# is one). A part holds `required` fields and `fields`, the rules (as in DEFS) a field's",
+        "# value must match when the field is there.",
+        f"const RULES = {_gd_lists(rules)}",
         "",
     ]
     return "\n".join(lines)

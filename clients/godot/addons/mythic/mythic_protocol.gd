@@ -15,7 +15,9 @@ var _regexes := {}
 
 
 # The message ready to send, `schema_version` filled in and the whole checked against the
-# client's side of the schema; a MythicError (kind VALIDATION) when it breaks it.
+# client's side of the schema, its cross-field rules included (an Ack of a ToolCall carries its
+# call_id; a resume gives session_id and resume_token together); a MythicError (kind
+# VALIDATION, `ref` the offending field) when it breaks it.
 func check_outgoing(message: Dictionary):
 	var checked := {"schema_version": SCHEMA_VERSION}
 	for key in message:
@@ -58,6 +60,10 @@ func violation(obj: Dictionary, name: String, path := ""):
 		if typeof(field) != TYPE_STRING or not definition["fields"].has(field):
 			return [ref, "is not a field of %s" % name]
 		var wrong = _value_violation(obj[field], definition["fields"][field], ref)
+		if wrong != null:
+			return wrong
+	for rule in Messages.RULES.get(name, []):
+		var wrong = _cross_field_violation(obj, rule, path)
 		if wrong != null:
 			return wrong
 	return null
@@ -172,6 +178,52 @@ func _json_object(text: String, what: String):
 
 func _protocol(code: String, text: String, field_ref := "") -> MythicError:
 	return MythicError.new(MythicError.PROTOCOL, code, text, field_ref)
+
+
+# The violation of a cross-field rule (`if`/`then`/`else`, generated/messages.gd's RULES) by
+# an object whose fields are each valid: [dotted ref, why], or null.
+func _cross_field_violation(obj: Dictionary, rule: Dictionary, path: String):
+	var met: bool = _part_violation(obj, rule["if"], path) == null
+	var part = rule.get("then") if met else rule.get("else")
+	if part == null:
+		return null
+	var wrong = _part_violation(obj, part, path)
+	if wrong == null:
+		return null
+	return [wrong[0], "%s %s %s" % [wrong[1], "when" if met else "unless", _condition(rule["if"])]]
+
+
+# The violation of one part of a cross-field rule: a field it requires is missing, or a field
+# there does not match the part's rules for it.
+func _part_violation(obj: Dictionary, part: Dictionary, path: String):
+	for field in part["required"]:
+		if not obj.has(field):
+			return ["%s.%s" % [path, field], "is required"]
+	for field in part["fields"]:
+		if obj.has(field):
+			var ref := "%s.%s" % [path, field]
+			var wrong = _value_violation(obj[field], part["fields"][field], ref)
+			if wrong != null:
+				return wrong
+	return null
+
+
+# What a rule's `if` asks, in words: `ack_of is "ToolCall"`, `session_id is a string`.
+static func _condition(part: Dictionary) -> String:
+	var said := PoolStringArray()
+	for field in part["required"]:
+		if not part["fields"].has(field):
+			said.append("%s is there" % field)
+	for field in part["fields"]:
+		var kinds := PoolStringArray()
+		for rule in part["fields"][field]:
+			var kind: String = rule.get("type", rule.get("ref", "value"))
+			if rule.has("const"):
+				kinds.append(to_json(rule["const"]))
+			else:
+				kinds.append(("an " if kind[0] in "aeiou" else "a ") + kind)
+		said.append("%s is %s" % [field, kinds.join(" or ")])
+	return said.join(" and ")
 
 
 # The violation of `value` against a field's rules (it must match one), or null.

@@ -19,6 +19,7 @@ const ENUMS = {
 	"IntentUpdate.intent": ["chitchat", "trade", "quest", "hint", "combat", "navigation", "admin"],
 	"LLMStreamDelta.finish_reason": ["stop", "length", "tool_call", "cutoff", "error"],
 	"NPCState.state": ["idle", "listening", "thinking", "speaking", "barge_in"],
+	"VoiceFormat.input_rate": [16000, 32000, 48000],
 }
 
 # Every message and nested object: its required fields, and per field the rules a
@@ -238,7 +239,7 @@ const DEFS = {
 	"VoiceFormat": {
 		"required": [],
 		"fields": {
-			"input_rate": [{"type": "integer", "maximum": 48000, "minimum": 8000}],
+			"input_rate": [{"type": "integer", "enum": [16000, 32000, 48000], "maximum": 48000, "minimum": 8000}],
 			"binary": [{"type": "boolean"}],
 			"push_to_talk": [{"type": "boolean"}],
 		},
@@ -254,4 +255,21 @@ const DEFS = {
 			"resumed": [{"type": "boolean"}],
 		},
 	},
+}
+
+# The cross-field rules of a message or nested object (the schema's `allOf` of
+# `if`/`then`/`else`): when it meets `if`, it must meet `then`, else `else` (when there
+# is one). A part holds `required` fields and `fields`, the rules (as in DEFS) a field's
+# value must match when the field is there.
+const RULES = {
+	"Ack": [
+		{"if": {"required": ["ack_of"], "fields": {"ack_of": [{"type": "string", "const": "ToolCall"}]}}, "then": {"required": ["call_id"], "fields": {"call_id": [{"type": "string"}]}}},
+	],
+	"LLMStreamDelta": [
+		{"if": {"required": ["final"], "fields": {"final": [{"type": "boolean", "const": true}]}}, "then": {"required": ["finish_reason"], "fields": {"finish_reason": [{"type": "string"}]}}, "else": {"required": [], "fields": {"finish_reason": [{"type": "null"}]}}},
+	],
+	"SessionStart": [
+		{"if": {"required": ["session_id"], "fields": {"session_id": [{"type": "string"}]}}, "then": {"required": ["resume_token"], "fields": {"resume_token": [{"type": "string"}]}}},
+		{"if": {"required": ["resume_token"], "fields": {"resume_token": [{"type": "string"}]}}, "then": {"required": ["session_id"], "fields": {"session_id": [{"type": "string"}]}}},
+	],
 }
