@@ -1,9 +1,10 @@
 """The client conformance suite (`clients/conformance/`) played by the Python client,
 `mythic.client`, against a real `mythic serve` on loopback with the embedded model.
 
-The scenarios are the same JSON files every client SDK plays (TypeScript:
-`test_sdk_typescript.py`); their format is in `clients/conformance/README.md`. This module
-also starts the server those players share: `mythic_serve`.
+The scenarios are the same JSON files every client SDK plays (`test_sdk_typescript.py`,
+`test_sdk_csharp.py`, `test_sdk_godot.py`); their format is in `clients/conformance/README.md`.
+The server those players share and the audio clips are the harness's
+(`tests/integration/conformance.py`).
 """
 
 from __future__ import annotations
@@ -13,17 +14,9 @@ import base64
 import contextlib
 import itertools
 import json
-import os
-import re
-import select
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from pydantic import TypeAdapter, ValidationError
 from websockets.asyncio.client import ClientConnection, connect
@@ -48,117 +41,12 @@ from mythic.contracts import (
     VoiceFormat,
     parse_server_message,
 )
-from tests.conftest import EXAMPLE_WORLD, ROOT
+from tests.integration.conformance import SCENARIOS
 
 pytestmark = pytest.mark.integration
 
-CONFORMANCE = ROOT / "clients" / "conformance"
-SCENARIOS = sorted((CONFORMANCE / "scenarios").glob("*.json"))
-# The server every player meets (clients/conformance/README.md says the same): SmolLM2 talks
-# and decides (one small model: fast), replies are short and greedy, voice is on.
-SERVE_ENV = {
-    "MYTHIC_ENGINE__DIALOGUE_MODEL": "smollm2-135m-instruct",
-    "MYTHIC_CHAT__MAX_TOKENS": "40",
-    "MYTHIC_CHAT__TEMPERATURE": "0",
-}
-SERVE_ARGS = ("serve", "--world", str(EXAMPLE_WORLD), "--port", "0", "--voice")
-CLIPS = {"question": "Good evening. What do you have for sale tonight?"}
-"""The audio clips `talk` steps speak (the README's table): name -> words."""
-CLIP_RATE = 16000
 WAIT_S = 120.0
 """The bound on any one wait of a scenario step (a reply on two shared cores included)."""
-
-
-@contextlib.contextmanager
-def mythic_serve(log_dir: Path, ready_timeout_s: float = 180) -> Iterator[str]:
-    """`mythic serve` of the example world on a free loopback port, as a user starts it;
-    yields its WebSocket URL once `/readyz` answers, and kills it on exit."""
-    # stderr goes to a file: llama.cpp logs a lot, and a full pipe would block the server.
-    with (log_dir / "serve.log").open("w+b") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mythic", *SERVE_ARGS],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            cwd=ROOT,
-            env={**os.environ, **SERVE_ENV},
-        )
-        assert proc.stdout is not None
-        try:
-            seen = b""
-            deadline = time.monotonic() + ready_timeout_s
-            while b"NPCs: " not in seen:  # the last line of the announcement
-                assert proc.poll() is None, seen.decode() + log.read().decode(errors="replace")
-                assert time.monotonic() < deadline, seen.decode()
-                ready, _, _ = select.select([proc.stdout], [], [], 5)
-                if ready:
-                    seen += os.read(proc.stdout.fileno(), 4096)
-            found = re.search(rb"on http://([\d.]+:\d+)", seen)
-            assert found is not None, seen.decode()
-            address = found.group(1).decode()
-            with httpx.Client(base_url=f"http://{address}") as http:
-                while http.get("/readyz").status_code != 200:
-                    assert time.monotonic() < deadline, "the server never became ready"
-                    time.sleep(0.1)
-            yield f"ws://{address}/v1/ws"
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(30)
-            proc.stdout.close()
-
-
-_SERVER = pytest.StashKey[str]()
-
-
-def conformance_server(request: pytest.FixtureRequest) -> str:
-    """The suite's server, one for every SDK's player in a test run (a server start is a good
-    part of a player's time): the first session-scoped fixture to ask starts it, and it stops
-    when that fixture is torn down, at the end of the run."""
-    stash = request.config.stash
-    if _SERVER not in stash:
-        tmp: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
-        stack = contextlib.ExitStack()
-        stash[_SERVER] = stack.enter_context(mythic_serve(tmp.mktemp("conformance")))
-        request.addfinalizer(stack.close)
-    return stash[_SERVER]
-
-
-_AUDIO = pytest.StashKey[Path]()
-
-
-def conformance_audio(request: pytest.FixtureRequest) -> Path:
-    """The folder of the suite's audio clips (`MYTHIC_CONFORMANCE_AUDIO` for the players):
-    each of `CLIPS` spoken by the server's own Piper voice at 16 kHz, 16-bit mono PCM with a
-    fifth of a second of silence before it, made once per test run."""
-    stash = request.config.stash
-    if _AUDIO not in stash:
-        tmp: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
-        folder = tmp.mktemp("conformance-audio")
-        asyncio.run(_speak_clips(folder))
-        stash[_AUDIO] = folder
-    return stash[_AUDIO]
-
-
-async def _speak_clips(folder: Path) -> None:
-    from mythic.speech import SpeechSettings, TTSPool
-
-    settings = SpeechSettings(sample_rate=CLIP_RATE, tts_workers=1)
-    async with TTSPool(settings) as tts:
-        # No random variation: the same audio every run.
-        voice = tts.voices.get("human").model_copy(update={"variation": 0.0})
-        for name, words in CLIPS.items():
-            pcm, _ = await tts.speak(words, voice)
-            (folder / f"{name}.pcm").write_bytes(bytes(CLIP_RATE // 5 * 2) + pcm)
-
-
-@pytest.fixture(scope="session")
-def server_url(request: pytest.FixtureRequest) -> str:
-    return conformance_server(request)
-
-
-@pytest.fixture(scope="session")
-def audio_dir(request: pytest.FixtureRequest) -> Path:
-    return conformance_audio(request)
 
 
 class ScenarioFailedError(AssertionError):
@@ -480,6 +368,6 @@ def test_the_suite_has_every_scenario_of_issue_35() -> None:
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
-async def test_scenario(server_url: str, audio_dir: Path, path: Path) -> None:
+async def test_scenario(conformance_url: str, conformance_audio: Path, path: Path) -> None:
     scenario = _scenario(path)
-    await Player(server_url, scenario["name"], audio_dir).play(scenario["steps"])
+    await Player(conformance_url, scenario["name"], conformance_audio).play(scenario["steps"])

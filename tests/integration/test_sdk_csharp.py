@@ -25,7 +25,7 @@ from xml.etree import ElementTree
 import pytest
 
 from tests.conftest import ROOT, unavailable
-from tests.integration.test_conformance import CONFORMANCE, conformance_audio, conformance_server
+from tests.integration.conformance import CONFORMANCE
 
 pytestmark = pytest.mark.integration
 
@@ -125,22 +125,10 @@ def test_the_generated_types_match_the_schema(tmp_path: Path) -> None:
     )
 
 
-@pytest.fixture(scope="session")
-def conformance_url(request: pytest.FixtureRequest) -> str:
-    """The server the Python and TypeScript players meet too, when they run."""
-    return conformance_server(request)
-
-
-@pytest.fixture(scope="session")
-def audio_dir(request: pytest.FixtureRequest) -> Path:
-    """The suite's audio clips, made once in a test run."""
-    return conformance_audio(request)
-
-
 # The server's start (speech models included), the clips, and every scenario: a long test.
 @pytest.mark.timeout(1500)
 def test_the_sdk_passes_its_tests_and_plays_the_conformance_suite(
-    build: Path, conformance_url: str, audio_dir: Path
+    build: Path, conformance_url: str, conformance_audio: Path
 ) -> None:
     """NUnit runs every test of the SDK against the real server: each passes, none is left
     out, and the conformance suite's every scenario is among them."""
@@ -148,7 +136,7 @@ def test_the_sdk_passes_its_tests_and_plays_the_conformance_suite(
         "MYTHIC_URL": conformance_url,
         "MYTHIC_CONFORMANCE_DIR": str(CONFORMANCE / "scenarios"),
         "MYTHIC_UNITY_FIXTURES": str(PACKAGE / "Tests" / "Fixtures"),
-        "MYTHIC_CONFORMANCE_AUDIO": str(audio_dir),
+        "MYTHIC_CONFORMANCE_AUDIO": str(conformance_audio),
     }
     result = build / "result.xml"
     result.unlink(missing_ok=True)

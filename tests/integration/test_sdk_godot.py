@@ -24,7 +24,7 @@ from types import ModuleType
 import pytest
 
 from tests.conftest import ROOT, unavailable
-from tests.integration.test_conformance import CONFORMANCE, conformance_audio, conformance_server
+from tests.integration.conformance import CONFORMANCE
 
 pytestmark = pytest.mark.integration
 
@@ -116,22 +116,10 @@ def godot() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
-def conformance_url(request: pytest.FixtureRequest) -> str:
-    """The server the other players meet too, when they run (`test_conformance.py`)."""
-    return conformance_server(request)
-
-
-@pytest.fixture(scope="session")
-def audio_dir(request: pytest.FixtureRequest) -> Path:
-    """The suite's audio clips, made once in a test run."""
-    return conformance_audio(request)
-
-
 # The server's start (speech models included), the clips, and every scenario: a long test.
 @pytest.mark.timeout(1800)
 def test_the_addon_passes_its_tests_and_plays_the_conformance_suite(
-    godot: str, conformance_url: str, audio_dir: Path
+    godot: str, conformance_url: str, conformance_audio: Path
 ) -> None:
     """The headless runner prints one line per test; every unit and peer test, every scenario
     and the example pass, and no script error was raised on the way (the addon never crashes the
@@ -145,7 +133,7 @@ def test_the_addon_passes_its_tests_and_plays_the_conformance_suite(
             **os.environ,
             "MYTHIC_URL": conformance_url,
             "MYTHIC_CONFORMANCE_DIR": str(CONFORMANCE / "scenarios"),
-            "MYTHIC_CONFORMANCE_AUDIO": str(audio_dir),
+            "MYTHIC_CONFORMANCE_AUDIO": str(conformance_audio),
         },
         check=False,
     )

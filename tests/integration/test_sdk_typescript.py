@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, unavailable
-from tests.integration.test_conformance import CONFORMANCE, conformance_audio, conformance_server
+from tests.integration.conformance import CONFORMANCE
 
 pytestmark = pytest.mark.integration
 
@@ -133,28 +133,16 @@ def test_a_message_added_to_the_schema_is_a_message_of_the_sdk(npm: str, tmp_pat
     )
 
 
-@pytest.fixture(scope="session")
-def conformance_url(request: pytest.FixtureRequest) -> str:
-    """The server the Python player meets too, when both run (`test_conformance.py`)."""
-    return conformance_server(request)
-
-
-@pytest.fixture(scope="session")
-def audio_dir(request: pytest.FixtureRequest) -> Path:
-    """The suite's audio clips, made once in a test run."""
-    return conformance_audio(request)
-
-
 # The server's start (speech models included), the clips, and every scenario: a long test.
 @pytest.mark.timeout(1500)
 def test_the_sdk_builds_and_plays_the_conformance_suite(
-    npm: str, conformance_url: str, audio_dir: Path
+    npm: str, conformance_url: str, conformance_audio: Path
 ) -> None:
     """`npm test` compiles the package (`dist/`, as published) and its tests, then runs them."""
     env = {
         "MYTHIC_URL": conformance_url,
         "MYTHIC_CONFORMANCE_DIR": str(CONFORMANCE / "scenarios"),
-        "MYTHIC_CONFORMANCE_AUDIO": str(audio_dir),
+        "MYTHIC_CONFORMANCE_AUDIO": str(conformance_audio),
     }
     report = _run(npm, "test", env=env, timeout=900)
     passed = set(re.findall(r"^ok \d+ - conformance: (\w+)$", report, re.MULTILINE))
