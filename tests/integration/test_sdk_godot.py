@@ -18,8 +18,10 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -76,11 +78,49 @@ def test_the_generated_definitions_match_the_schema(schema: Path, tmp_path: Path
     )
 
 
-def test_the_generator_refuses_what_it_cannot_translate(schema: Path, tmp_path: Path) -> None:
-    """A keyword the generator does not know fails the generation (it is never dropped), and
-    only patterns a greedy run check gets right become segments."""
+def _set(path: tuple[str | int, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(protocol: dict[str, Any]) -> None:
+        node: Any = protocol["$defs"]
+        for key in path[:-1]:
+            node = node[key]
+        if value is None:
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (
+            _set(("Cutoff", "properties", "turn_id", "format"), "uuid"),
+            "Cutoff.turn_id: the keyword 'format' is not translated",
+        ),
+        (_set(("Ack", "minProperties"), 2), "Ack: the keyword 'minProperties' is not translated"),
+        (
+            _set(("Ack", "allOf", 0, "unevaluatedProperties"), False),
+            "Ack.allOf[0]: the keyword 'unevaluatedProperties' is not translated",
+        ),
+        (
+            _set(("Ack", "allOf", 0, "then", "minProperties"), 2),
+            "Ack.allOf[0].then: the keyword 'minProperties' is not translated",
+        ),
+        (
+            _set(("Ack", "allOf", 0, "then"), None),
+            "Ack.allOf[0]: a rule is an if with a then or an else",
+        ),
+    ],
+    ids=["field", "definition", "rule", "rule part", "rule without then"],
+)
+def test_the_generator_refuses_what_it_cannot_translate(
+    schema: Path, tmp_path: Path, change: Callable[[dict[str, Any]], None], error: str
+) -> None:
+    """A keyword the generator does not know fails the generation: it is never dropped (a
+    field's, a definition's, a cross-field rule's)."""
     protocol = json.loads((schema / "mythic-v1.schema.json").read_text())
-    protocol["$defs"]["Cutoff"]["properties"]["turn_id"]["format"] = "uuid"
+    change(protocol)
     for name in ("mythic-v1-client.schema.json", "mythic-v1-server.schema.json"):
         shutil.copy(schema / name, tmp_path / name)
     (tmp_path / "mythic-v1.schema.json").write_text(json.dumps(protocol))
@@ -91,9 +131,11 @@ def test_the_generator_refuses_what_it_cannot_translate(schema: Path, tmp_path: 
         check=False,
     )
     assert result.returncode == 1
-    assert "Cutoff.turn_id: the keyword 'format' is not translated" in result.stderr
+    assert error in result.stderr
     assert not (tmp_path / "x").exists()
 
+
+def test_only_patterns_a_greedy_run_check_gets_right_become_segments() -> None:
     generator = _generator()
     assert generator._segments("^[A-Za-z][A-Za-z0-9_.]{0,63}$") == [
         ["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz", 1, 1],
