@@ -38,6 +38,7 @@ EXAMPLE = PACKAGE / "Samples~" / "FirstNpc" / "FirstNpc.cs"
 NEWTONSOFT = Path("/usr/lib/cli/Newtonsoft.Json-5.0/Newtonsoft.Json.dll")
 NUNIT = Path("/usr/lib/cli/nunit.framework-2.6.3/nunit.framework.dll")
 NETSTANDARD = Path("/usr/lib/mono/4.5/Facades/netstandard.dll")
+UNITY_DECLARATIONS = ROOT / "tests" / "integration" / "csharp" / "UnityEngine.cs"
 TOOLCHAIN = "mono-devel nunit-console libnunit-cil-dev libnewtonsoft-json-cil-dev"
 
 
@@ -96,7 +97,7 @@ def build() -> Path:
 def test_the_core_uses_no_unity_types() -> None:
     """Everything but the thin MonoBehaviours compiles without UnityEngine (the `build`
     fixture compiles exactly these files); the MonoBehaviours are where Unity is."""
-    sources = list(PACKAGE.rglob("*.cs"))
+    sources = list(PACKAGE.rglob("*.cs"))  # (UnityEngine's declarations live outside it)
     unity = sorted(str(p.relative_to(PACKAGE)) for p in sources if "UnityEngine" in p.read_text())
     assert unity == [
         "Runtime/Unity/MythicConnection.cs",
@@ -104,6 +105,31 @@ def test_the_core_uses_no_unity_types() -> None:
         "Samples~/FirstNpc/FirstNpcBehaviour.cs",
     ]
     assert all(not _unity_free(PACKAGE / p) for p in unity)
+
+
+def test_the_monobehaviours_and_the_sample_scene_script_compile_against_the_core(
+    build: Path, tmp_path: Path
+) -> None:
+    """`MythicConnection`, `NPCSpeaker` and the sample's `FirstNpcBehaviour` compile against the
+    core assembly built above: every call they make into the SDK is checked. Unity's own
+    assemblies are not to be had here, so UnityEngine is the declarations of the members they
+    use (`tests/integration/csharp/UnityEngine.cs`, from Unity's scripting reference)."""
+    unity = tmp_path / "UnityEngine.dll"
+    _run("mcs", "-target:library", "-warnaserror", f"-out:{unity}", str(UNITY_DECLARATIONS))
+    scripts = sorted(str(p) for p in PACKAGE.rglob("*.cs") if "UnityEngine" in p.read_text())
+    assert len(scripts) == 3, scripts
+    _run(
+        "mcs",
+        "-target:library",
+        "-warnaserror",
+        f"-out:{tmp_path / 'Mythic.Client.Unity.dll'}",
+        f"-r:{build / 'Mythic.Client.dll'}",
+        f"-r:{unity}",
+        f"-r:{NEWTONSOFT}",
+        f"-r:{NETSTANDARD}",
+        *scripts,
+        str(EXAMPLE),  # the sample's plain C#, which its MonoBehaviour calls
+    )
 
 
 def test_the_generated_types_match_the_schema(tmp_path: Path) -> None:
