@@ -8,8 +8,13 @@ packaged models: where one is missing they skip, except under `CI=true`, where t
 from __future__ import annotations
 
 import os
+import re
+import select
+import subprocess
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from mythic.config import MythicSettings, load_settings
@@ -64,3 +69,24 @@ def no_config_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
             monkeypatch.delenv(key)
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def served_address(proc: subprocess.Popen[bytes], deadline: float, what: str) -> str:
+    """The `host:port` a starting `mythic serve` (`proc`, stdout piped) announces, once its
+    `/readyz` answers; fails if it exits, or is not ready by `deadline` (`time.monotonic()`)."""
+    assert proc.stdout is not None
+    seen = b""
+    while b"NPCs: " not in seen:  # the last line of the announcement
+        assert proc.poll() is None, f"{what} exited: {seen.decode()}"
+        assert time.monotonic() < deadline, f"{what} never announced itself: {seen.decode()}"
+        ready, _, _ = select.select([proc.stdout], [], [], 5)
+        if ready:
+            seen += os.read(proc.stdout.fileno(), 4096)
+    found = re.search(rb"on http://([\d.]+:\d+)", seen)
+    assert found is not None, seen.decode()
+    address = found.group(1).decode()
+    with httpx.Client(base_url=f"http://{address}") as http:
+        while http.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline, f"{what} never became ready"
+            time.sleep(0.1)
+    return address

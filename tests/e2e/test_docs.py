@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -25,11 +24,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 from tools.docs_gen import README, readme_with_summary
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, served_address
 
 pytestmark = pytest.mark.e2e
 
@@ -121,21 +119,7 @@ def address(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> It
     )
     assert proc.stdout is not None
     try:
-        seen = b""
-        deadline = time.monotonic() + 300
-        while b"NPCs: " not in seen:  # the last line of the announcement
-            assert proc.poll() is None, f"{block} exited: {seen.decode()}"
-            assert time.monotonic() < deadline, f"{block} never announced itself: {seen.decode()}"
-            ready, _, _ = select.select([proc.stdout], [], [], 5)
-            if ready:
-                seen += os.read(proc.stdout.fileno(), 4096)
-        found = re.search(rb"on http://([\d.]+:\d+)", seen)
-        assert found is not None, seen.decode()
-        served = found.group(1).decode()
-        with httpx.Client(base_url=f"http://{served}") as http:
-            while http.get("/readyz").status_code != 200:
-                assert time.monotonic() < deadline, "the server never became ready"
-                time.sleep(0.2)
+        served = served_address(proc, time.monotonic() + 300, str(block))
         yield served
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as the page says
         proc.wait(60)  # make reports the interrupt in its exit status; the server's log says

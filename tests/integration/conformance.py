@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import select
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
-from tests.conftest import EXAMPLE_WORLD, ROOT
+from tests.conftest import EXAMPLE_WORLD, ROOT, served_address
 
 CONFORMANCE = ROOT / "clients" / "conformance"
 SCENARIOS = sorted((CONFORMANCE / "scenarios").glob("*.json"))
@@ -53,21 +49,9 @@ def mythic_serve(log_dir: Path, ready_timeout_s: float = 180) -> Iterator[str]:
         )
         assert proc.stdout is not None
         try:
-            seen = b""
-            deadline = time.monotonic() + ready_timeout_s
-            while b"NPCs: " not in seen:  # the last line of the announcement
-                assert proc.poll() is None, seen.decode() + log.read().decode(errors="replace")
-                assert time.monotonic() < deadline, seen.decode()
-                ready, _, _ = select.select([proc.stdout], [], [], 5)
-                if ready:
-                    seen += os.read(proc.stdout.fileno(), 4096)
-            found = re.search(rb"on http://([\d.]+:\d+)", seen)
-            assert found is not None, seen.decode()
-            address = found.group(1).decode()
-            with httpx.Client(base_url=f"http://{address}") as http:
-                while http.get("/readyz").status_code != 200:
-                    assert time.monotonic() < deadline, "the server never became ready"
-                    time.sleep(0.1)
+            address = served_address(
+                proc, time.monotonic() + ready_timeout_s, "the conformance server"
+            )
             yield f"ws://{address}/v1/ws"
         finally:
             if proc.poll() is None:
