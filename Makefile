@@ -29,6 +29,12 @@ LLAMA_CMAKE_ARGS ?= $(strip $(LLAMA_AVX2_ARGS) $(if $(HAVE_AVX512),$(LLAMA_AVX51
 LLAMA_TAG := $(shell printf '%s %s' '$(LLAMA_VERSION)' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 LLAMA_WHEELS := $(CACHE_DIR)/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_TAG)
 INSTALLED := $(VENV)/.installed-$(EXTRAS)
+# llama.cpp's own server, the engine's baseline in bench/vs_llama_server.py: built from the
+# llama.cpp that llama-cpp-python vendors (its source package), with the same flags, cached
+# beside the wheel. Static, without its web UI (which it would download) or TLS.
+LLAMA_SERVER := $(CACHE_DIR)/llama-server-$(LLAMA_VERSION)-$(LLAMA_TAG)/llama-server
+LLAMA_SERVER_ARGS := -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+	-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release
 # Programs the speech workers run: espeak-ng (the instant fallback voice and undead voices) and
 # sox (voice effect chains). Debian packages: installed with apt-get when missing and run as
 # root, else the command is printed (their tests then skip, or fail under CI=true).
@@ -42,7 +48,7 @@ CLIENT_TOOLS := node:nodejs npm:npm mcs:mono-devel nunit-console:nunit-console \
 	/usr/lib/cli/Newtonsoft.Json-5.0/Newtonsoft.Json.dll:libnewtonsoft-json-cil-dev \
 	godot3-server:godot3-server
 
-.PHONY: help setup models programs clients run chat test lint typecheck docs unit integration e2e bench clean
+.PHONY: help setup models programs clients run chat test lint typecheck docs unit integration e2e bench clean llama-server llama-server-path
 
 help:
 	@echo "make run    set up, then serve $(WORLD) (WebSocket + HTTP) and print how to talk to it"
@@ -75,6 +81,22 @@ $(INSTALLED): pyproject.toml constraints.txt $(VENV)/.llama-$(LLAMA_TAG) | $(PY)
 	touch $@
 
 setup: $(INSTALLED) models programs clients
+
+llama-server: $(LLAMA_SERVER)
+
+llama-server-path:
+	@echo $(LLAMA_SERVER)
+
+$(LLAMA_SERVER): | $(PY)
+	@echo "Building llama.cpp's llama-server from llama-cpp-python $(LLAMA_VERSION)'s source (once; 5-10 minutes on 2 cores)..."
+	rm -rf $(@D).tmp && mkdir -p $(@D).tmp
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: -d $(@D).tmp llama-cpp-python==$(LLAMA_VERSION)
+	tar xzf $(@D).tmp/llama_cpp_python-$(LLAMA_VERSION).tar.gz -C $(@D).tmp
+	cmake -S $(@D).tmp/llama_cpp_python-$(LLAMA_VERSION)/vendor/llama.cpp -B $(@D).tmp/build \
+		$(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_ARGS) > $(@D).tmp/cmake.log
+	cmake --build $(@D).tmp/build --target llama-server -j $$(nproc) > $(@D).tmp/build.log
+	mkdir -p $(@D) && cp $(@D).tmp/build/bin/llama-server $@
+	rm -rf $(@D).tmp
 
 programs:
 	@missing=""; for p in $(SPEECH_PROGRAMS); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \

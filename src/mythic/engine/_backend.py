@@ -48,6 +48,10 @@ class Sampling:
     which the NPC is asked to quote exactly); `reply`, nothing (the reply only)."""
     dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
     """Text that ends a repeat: a match never reaches back across one (llama.cpp's default)."""
+    ignore_eos: bool = False
+    """Generate `max_tokens` whatever the model says: an end-of-generation token is kept as
+    any other (llama-server's `ignore_eos`). For benchmarks, where both sides must generate
+    the same number of tokens; stop strings still end the reply."""
 
 
 @dataclass(slots=True)

@@ -64,6 +64,13 @@ class ActiveRequest:
     last_delta_at: float = 0.0
     pending_tokens: int = 0
     done: bool = False
+    leader: ActiveRequest | None = None
+    """A request running beside this one whose prompt starts as this one's does: this one
+    waits (its scheduler entry is held) until the leader has evaluated `lead` tokens, then
+    copies them instead of evaluating them again (`Engine._join`)."""
+    lead: int = 0
+    followers: list[ActiveRequest] = field(default_factory=list)
+    """Requests waiting for this one's prompt cells."""
 
 
 class InputProcessor:
@@ -72,6 +79,10 @@ class InputProcessor:
     def __init__(self, backend: Backend, config: EngineConfig) -> None:
         self.backend = backend
         self.config = config
+
+    def tokens(self, request: GenerationRequest) -> list[int]:
+        """The request's prompt tokens, as `prepare` makes them (before any overflow cut)."""
+        return self._tokenize(request)[0]
 
     def prepare(self, request: GenerationRequest, sink: Sink, loaded: Set[str]) -> ActiveRequest:
         """Validate and tokenize a request into its engine-side state (on the caller's thread).

@@ -14,7 +14,7 @@ from mythic.engine._request import Delta, FinishReason, Timing
 
 def fold_token(active: ActiveRequest, token: int, backend: Backend) -> FinishReason | None:
     """Add a sampled token to the request's text; the reason the request ends, or None."""
-    if backend.is_end_of_generation(token):
+    if backend.is_end_of_generation(token) and not active.request.sampling.ignore_eos:
         return "stop"
     active.generated += 1
     active.pending_tokens += 1
