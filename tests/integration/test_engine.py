@@ -39,13 +39,18 @@ from mythic.engine import (
     SequenceChunk,
     UnknownAdapterError,
 )
-from tests.conftest import unavailable
+from mythic.engine._kvcache import common_prefix
+from mythic.knowledge import load_world, persona_prompt
+from tests.conftest import EXAMPLE_WORLD, unavailable
 from tests.integration.conftest import load_engine
 from tests.loras import write_lora
 
 pytestmark = pytest.mark.integration
 
 WAIT = 240  # seconds: a bound on every wait, far above what any of these takes
+EXACT = {"batch_invariant": True}
+"""SmolLM2 engines here are batch-invariant (not the default): greedy replies are compared
+across loads, prefix copies, joins and evictions, which only that mode makes exact."""
 
 SYSTEM = ChatMessage(
     "system",
@@ -197,7 +202,7 @@ async def test_leaving_the_stream_early_cancels_the_request(smollm: Engine) -> N
 
 @pytest.fixture(scope="module")
 def smollm_no_reuse(settings: MythicSettings) -> Iterator[Engine]:
-    engine = load_engine("smollm2-135m-instruct", settings, prefix_min_tokens=10**6)
+    engine = load_engine("smollm2-135m-instruct", settings, **EXACT, prefix_min_tokens=10**6)
     yield engine
     engine.close()
 
@@ -273,7 +278,7 @@ async def test_a_window_moved_past_old_exchanges_keeps_the_later_ones_cached(
 
 
 async def test_an_evicted_session_resumes_correctly(settings: MythicSettings) -> None:
-    engine = load_engine("smollm2-135m-instruct", settings, max_sequences=4)
+    engine = load_engine("smollm2-135m-instruct", settings, **EXACT, max_sequences=4)
     try:
         talk = [SYSTEM, ChatMessage("user", QUESTIONS[0])]
         before = await run(engine, GenerationRequest("evicted", talk, sampling=greedy(16)))
@@ -297,6 +302,47 @@ async def test_new_npcs_share_an_evaluated_system_prefix(
     assert alone.cached_tokens == 0
     assert shared.text == alone.text
     assert smollm.metrics().prefix_hit_rate > 0
+
+
+async def test_npcs_of_one_zone_arriving_together_evaluate_their_shared_start_once(
+    settings: MythicSettings, smollm_no_reuse: Engine
+) -> None:
+    # Four NPCs of the example world standing in one zone: their persona prompts start with
+    # the world's line and the zone's (`persona_prompt`), then differ. Arriving together,
+    # with nothing cached, the first evaluates that start and the others copy its cells.
+    world = load_world(EXAMPLE_WORLD)
+    zone = next(iter(world.card.zones))
+    requests = [
+        GenerationRequest(
+            npc_id=npc,
+            messages=[
+                ChatMessage(
+                    "system",
+                    persona_prompt(world, world.npc(npc).model_copy(update={"zone": zone})),
+                ),
+                ChatMessage("user", QUESTIONS[i]),
+            ],
+            sampling=greedy(12),
+        )
+        for i, npc in enumerate(sorted(world.npcs)[:4])
+    ]
+    engine = load_engine("smollm2-135m-instruct", settings, **EXACT)
+    try:
+        prompts = [engine.prompt_tokens(r) for r in requests]
+        shared = min(common_prefix(prompts[0], p) for p in prompts[1:])
+        assert shared >= 64  # the world's and the zone's lines
+        together = await run_all(engine, requests)
+        metrics = engine.metrics()
+    finally:
+        await engine.aclose()
+    assert metrics.prefix_joins == 3
+    evaluated = metrics.prompt_tokens - metrics.cached_prompt_tokens
+    assert evaluated <= sum(len(p) for p in prompts) - 3 * shared
+    assert all(c.cached_tokens >= shared for c in together[1:])
+    # The copied cells are the ones each would have evaluated: the replies are those of each
+    # NPC alone, on an engine that shares nothing.
+    alone = [await run(smollm_no_reuse, r) for r in requests]
+    assert [c.text for c in together] == [c.text for c in alone]
 
 
 # -- DRY ------------------------------------------------------------------------------------------
@@ -559,7 +605,7 @@ async def test_room_tokens_overflow_a_prompt_that_fits_its_own_tokens(smollm: En
 
 
 async def test_truncate_policy_drops_the_oldest_turns(settings: MythicSettings) -> None:
-    engine = load_engine("smollm2-135m-instruct", settings, n_ctx=512, overflow="truncate")
+    engine = load_engine("smollm2-135m-instruct", settings, **EXACT, n_ctx=512, overflow="truncate")
     try:
         history = []
         for i in range(30):
@@ -601,7 +647,7 @@ def adapters(tmp_path_factory: pytest.TempPathFactory, smollm: Engine) -> dict[s
 
 @pytest.fixture(scope="module")
 def smollm_adapters(settings: MythicSettings, adapters: dict[str, Path]) -> Iterator[Engine]:
-    engine = load_engine("smollm2-135m-instruct", settings, adapters=adapters)
+    engine = load_engine("smollm2-135m-instruct", settings, **EXACT, adapters=adapters)
     yield engine
     engine.close()
 
@@ -642,7 +688,7 @@ async def test_a_bad_adapter_file_is_a_typed_error(
     bogus = tmp_path / "bogus.gguf"
     bogus.write_bytes(b"GGUF not really")
     with pytest.raises(AdapterError):
-        load_engine("smollm2-135m-instruct", settings, adapters={"bad": bogus})
+        load_engine("smollm2-135m-instruct", settings, **EXACT, adapters={"bad": bogus})
 
 
 # -- priorities, deadlines, backpressure ------------------------------------------------------
@@ -892,7 +938,7 @@ async def test_a_deadline_that_cannot_be_met_fails_fast(smollm: Engine) -> None:
 
 
 async def test_a_full_queue_refuses_with_overloaded(settings: MythicSettings) -> None:
-    engine = load_engine("smollm2-135m-instruct", settings, max_waiting=2, max_sequences=4)
+    engine = load_engine("smollm2-135m-instruct", settings, **EXACT, max_waiting=2, max_sequences=4)
     try:
         streams = []
         for i in range(50):
@@ -1085,7 +1131,7 @@ async def test_a_cancel_landing_as_its_decode_returns_does_not_stop_the_next_cal
 async def test_closing_the_engine_fails_waiting_streams(settings: MythicSettings) -> None:
     from mythic.engine import EngineClosedError
 
-    engine = load_engine("smollm2-135m-instruct", settings)
+    engine = load_engine("smollm2-135m-instruct", settings, **EXACT)
     stream = engine.submit(ask("x", QUESTIONS[0], 500))
     await engine.aclose()
     with pytest.raises(EngineClosedError):

@@ -75,6 +75,23 @@ def test_a_shared_prefix_is_copied_into_new_sessions() -> None:
     assert rec.ops[-1][0] == "cp" and rec.ops[-1][2:] == (b.seq.seq_id, SYSTEM)
 
 
+def test_a_busy_sequence_adopts_what_a_request_beside_it_evaluated() -> None:
+    c, rec = cache()
+    leader = c.acquire(("a", "s"), (), PROMPT)
+    follower = c.acquire(("b", "s"), (), [*PROMPT[:SYSTEM], 900, 901])
+    evaluated(c, leader, PROMPT[:60])  # part-way through its prompt
+    c.adopt(follower.seq, leader.seq, SYSTEM)
+    assert follower.seq.tokens == PROMPT[:SYSTEM]
+    assert rec.ops[-2:] == [
+        ("rm", follower.seq.seq_id, 0, -1),
+        ("cp", leader.seq.seq_id, follower.seq.seq_id, SYSTEM),
+    ]
+    # Neither may shift the shared cells now.
+    assert follower.seq.shared == SYSTEM and leader.seq.shared == SYSTEM
+    with pytest.raises(ValueError, match="holds 60 tokens"):
+        c.adopt(follower.seq, leader.seq, 61)
+
+
 def test_kv_made_under_one_adapter_set_is_never_reused_under_another() -> None:
     c, _ = cache()
     vampire = (("vampire", 1.0),)

@@ -66,6 +66,34 @@ def test_new_request_is_admitted_and_prefilled_then_decodes_one_token_per_step()
     assert e.generated == 2
 
 
+def test_a_held_request_is_admitted_but_not_scheduled_until_released() -> None:
+    sched = Scheduler()
+    leader, follower = entry(prompt=100), entry(prompt=100)
+    sched.add(leader)
+    sched.add(follower)
+    follower.held = True  # the engine's `_follow`: it waits for the leader's cells
+    out = step(sched)
+    assert out.admitted == [leader.request_id, follower.request_id]
+    assert set(tokens_by_request(out)) == {leader.request_id}
+    follower.held, follower.prompt_tokens = False, 40  # the engine copied 60 tokens
+    out = step(sched)
+    assert tokens_by_request(out)[follower.request_id] == 40
+
+
+def test_prompts_fill_the_step_oldest_first_until_somebody_streams() -> None:
+    sched = Scheduler(SchedulerConfig(max_batch_tokens=512, prefill_chunk=64))
+    first, second = entry(prompt=400, arrival=0.0), entry(prompt=400, arrival=1.0)
+    third = entry(prompt=400, arrival=2.0)
+    sched.add(second)
+    sched.add(first)
+    # Nobody streams: the oldest prompt takes all it needs, the next one the rest.
+    assert tokens_by_request(step(sched)) == {first.request_id: 400, second.request_id: 112}
+    sched.add(third)
+    # Now the first streams: the others get `prefill_chunk` tokens a step each, together,
+    # the older one first.
+    assert tokens_by_request(step(sched)) == {first.request_id: 1, second.request_id: 128}
+
+
 def test_gold_is_scheduled_first_and_always_when_sequences_are_scarce() -> None:
     sched = Scheduler(SchedulerConfig(max_batch_seqs=4, min_slice_seqs=0))
     silver = [entry(Priority.SILVER) for _ in range(8)]
@@ -161,7 +189,8 @@ def test_a_step_with_gold_evaluates_few_other_prompt_tokens_and_every_other_deco
     for e in prompts:
         sched.add(e)
     out = tokens_by_request(step(sched))
-    assert [out[e.request_id] for e in prompts] == [64, 64, 64]  # no gold: whole chunks
+    # No gold: a chunk's worth each, all together (taken by the first in line).
+    assert sum(out.get(e.request_id, 0) for e in prompts) == 3 * 64
     gold = entry(Priority.GOLD, prompt=8, max_tokens=6)
     sched.add(gold)
     for n in range(6):  # the gold prompt in one step, then a token a step

@@ -85,9 +85,12 @@ class EngineSettings(Section):
     dropped exchanges in view, which a fresh evaluation would not have: replies differ a
     little from one after a full evaluation. 0: off (evaluate them again)."""
 
-    batch_invariant: bool = True
-    """Make each NPC's output independent of which other NPCs share its batch (greedy replies
-    are then reproducible), at some cost in speed; off lets llama.cpp use its fastest kernels."""
+    batch_invariant: bool = False
+    """Make each NPC's output independent of which other NPCs share its batch and of how its
+    prompt was split (greedy replies are then reproducible whatever the load: tests, replays),
+    at a cost in prompt speed: a lone NPC's first turn took 1.3x as long to its first token
+    (bench/vs_llama_server.py). Off: llama.cpp's fastest kernels, as `llama-server` uses them;
+    a greedy reply can then differ at a near-tie between a crowded and a quiet moment."""
 
     grammar_check_first: bool = True
     """A greedy request with a JSON schema or grammar (the per-line decision, intents): pick

@@ -45,7 +45,7 @@ from mythic.engine._errors import (
     UnknownAdapterError,
 )
 from mythic.engine._input import ActiveRequest, InputProcessor, Sink, adapter_key
-from mythic.engine._kvcache import SequenceCache
+from mythic.engine._kvcache import SequenceCache, common_prefix
 from mythic.engine._output import fold_token, next_delta, ready_text
 from mythic.engine._request import (
     FinishReason,
@@ -98,6 +98,9 @@ class EngineMetrics:
     cached_prompt_tokens: int
     prefix_lookups: int
     prefix_hits: int
+    prefix_joins: int
+    """Requests that copied the start of their prompt from a request running beside them
+    (arrived together, the same start) instead of evaluating it too."""
     adapter_switches: int
     adapter_loads: int
     """Adapters loaded while running (`load_adapter`), not counting those loaded at start."""
@@ -218,6 +221,16 @@ class Engine:
         self._enqueue(request, stream)
         return stream
 
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        """The tokens the engine would evaluate for `request`'s prompt (its messages rendered
+        with the model's chat template, or its raw prompt), before any cache reuse; for
+        benchmarks that send the very same tokens to another server.
+
+        Raises:
+            InvalidRequestError: the request has no prompt or messages the model can take.
+        """
+        return self._input.tokens(request)
+
     def cancel(self, request_id: str) -> bool:
         """Cancel a request (barge-in): its stream ends with finish_reason `cancelled` and its
         sequence is freed within one step. False if it is unknown or already finished."""
@@ -332,6 +345,8 @@ class Engine:
                 if not cancelled:
                     self.backend.clear_interrupt()
                     self._gold_stop = self._cancel_stop = False
+                    for active in [a for a in self._active.values() if a.leader is not None]:
+                        self._join(active)
                     out = self._scheduler.schedule(now)
                     expired = [self._active[rid] for rid in out.expired]
                     break
@@ -509,6 +524,15 @@ class Engine:
         self, active: ActiveRequest, *, keep: int | None, discard: bool = False
     ) -> None:
         active.done = True
+        if active.leader is not None:
+            active.leader.followers.remove(active)
+            active.leader = None
+        if active.followers:
+            if discard and active.seq is not None:
+                active.seq.tokens.clear()  # not to be copied: its cells cannot be trusted
+            with self._lock:
+                for follower in list(active.followers):
+                    self._join(follower)
         with self._lock:
             if self._active.pop(active.request.request_id, None) is not None:
                 self._release_adapters(active)
@@ -533,8 +557,62 @@ class Engine:
         self._counts["prefix_lookups"] += 1
         if got.cached:
             self._counts["prefix_hits"] += 1
+        if got.source != "session":
+            self._follow(active, entry)
         room = self.config.scheduler.kv_capacity - self._scheduler.kv_reserved
         self._cache.evict(room)
+
+    def _follow(self, active: ActiveRequest, entry: ScheduledEntry) -> None:
+        """A request that starts a sequence: when a request running beside it has a prompt
+        that starts the same way for at least `prefix_min_tokens` more than it has cached
+        (NPCs of one world and zone, two players' sessions with one NPC, arriving together),
+        it copies those cells from that one rather than evaluate them a second time: now if
+        they are evaluated, else once they are (its entry is held until then: `_join`)."""
+        limit = len(active.prompt) - 1
+        best: ActiveRequest | None = None
+        best_len = active.cached + self.config.prefix_min_tokens - 1
+        for other in self._active.values():
+            if (
+                other is active
+                or other.seq is None
+                or other.done
+                or other.leader is not None
+                or other.adapter_key != active.adapter_key
+                # Never wait on a request that may be served after this one.
+                or other.request.priority > active.request.priority
+            ):
+                continue
+            n = min(common_prefix(other.prompt, active.prompt), limit)
+            if n > best_len:
+                best, best_len = other, n
+        if best is None:
+            return
+        active.leader, active.lead = best, best_len
+        best.followers.append(active)
+        entry.held = True
+        self._join(active)
+
+    def _join(self, active: ActiveRequest) -> None:
+        """Copy a held request's shared cells from its leader once the leader has evaluated
+        them, and let it run; let it run without them when the leader ended first."""
+        leader = active.leader
+        assert leader is not None
+        assert active.seq is not None
+        ready = leader.seq is not None and len(leader.seq.tokens) >= active.lead
+        if not ready and leader.seq is not None and not leader.done:
+            return  # still evaluating them
+        if ready:
+            assert leader.seq is not None
+            self._cache.adopt(active.seq, leader.seq, active.lead)
+            active.cached = active.lead
+            active.to_eval = active.prompt[active.lead :]
+            self._counts["prefix_joins"] += 1
+        active.leader = None
+        leader.followers.remove(active)
+        entry = self._scheduler.get(active.request.request_id)
+        if entry is not None:
+            entry.prompt_tokens = len(active.to_eval)
+            entry.held = False
 
     def _recover(self, exc: BaseException) -> None:
         """Fail what was in flight, reset the backend's memory, and carry on."""
@@ -736,6 +814,7 @@ class Engine:
                 cached_prompt_tokens=c["cached_prompt_tokens"],
                 prefix_lookups=c["prefix_lookups"],
                 prefix_hits=c["prefix_hits"],
+                prefix_joins=c["prefix_joins"],
                 adapter_switches=c["adapter_switches"],
                 adapter_loads=c["adapter_loads"],
                 adapter_unloads=c["adapter_unloads"],

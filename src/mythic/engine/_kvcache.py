@@ -64,7 +64,7 @@ class SequenceCache:
         self.shift_min_tokens = shift_min_tokens
         self.shifts = 0
         """Sessions whose cached tokens were moved down past a stretch left out (`seq_cut`)."""
-        self._free = list(range(n_seq - 1, -1, -1))
+        self._free = set(range(n_seq))
         self._sessions: dict[SessionKey, CachedSequence] = {}
         self._prefixes: list[CachedSequence] = []
         self._idle: OrderedDict[int, CachedSequence] = OrderedDict()
@@ -128,12 +128,24 @@ class SequenceCache:
                 return False
         if not self._free and not self._idle:
             return False
-        prefix = CachedSequence(self._new_id(), seq.adapter_key, None, tokens)
+        prefix = CachedSequence(self._new_id(high=True), seq.adapter_key, None, tokens)
         self._backend.seq_copy(seq.seq_id, prefix.seq_id, length)
         seq.shared = max(seq.shared, length)
         self._prefixes.append(prefix)
         self._make_idle(prefix)
         return True
+
+    def adopt(self, seq: CachedSequence, source: CachedSequence, length: int) -> None:
+        """Make `seq` (a busy sequence not evaluated yet) hold the first `length` tokens of
+        `source` (another busy one, which evaluated them) instead of what it holds."""
+        if length > len(source.tokens):
+            raise ValueError(f"{source.seq_id} holds {len(source.tokens)} tokens, not {length}")
+        self._backend.seq_remove(seq.seq_id, 0)
+        self._backend.seq_copy(source.seq_id, seq.seq_id, length)
+        seq.tokens = source.tokens[:length]
+        # Both now hold cells the other may share: a shift must move neither's.
+        seq.shared = length
+        source.shared = max(source.shared, length)
 
     def release(self, seq: CachedSequence, keep: int | None = None) -> None:
         """A request is done with `seq`: keep it (or its first `keep` tokens) for the session."""
@@ -174,7 +186,7 @@ class SequenceCache:
 
     def reset(self) -> None:
         """Forget everything (the backend's memory was cleared)."""
-        self._free = list(range(self._n_seq - 1, -1, -1))
+        self._free = set(range(self._n_seq))
         self._sessions.clear()
         self._prefixes.clear()
         self._idle.clear()
@@ -182,12 +194,19 @@ class SequenceCache:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _new_id(self) -> int:
+    def _new_id(self, *, high: bool = False) -> int:
+        """A free sequence id: the lowest for a session, the highest for a prefix (`high`).
+
+        The backend evaluates sequences of consecutive ids in one pass (a KV stream per
+        sequence: `LlamaCppBackend.decode`), so sessions are kept to the low ids, together,
+        and the prefixes, which are only ever copied, out of their way."""
         if not self._free:
             if not self._idle:
                 raise RuntimeError("every sequence is busy; the scheduler admitted too many")
             self._drop(next(iter(self._idle.values())))
-        return self._free.pop()
+        seq_id = max(self._free) if high else min(self._free)
+        self._free.discard(seq_id)
+        return seq_id
 
     def _make_idle(self, seq: CachedSequence) -> None:
         self._idle[seq.seq_id] = seq
@@ -242,5 +261,5 @@ class SequenceCache:
             self._prefixes.remove(seq)
         self._backend.seq_remove(seq.seq_id, 0)
         seq.tokens.clear()
-        self._free.append(seq.seq_id)
+        self._free.add(seq.seq_id)
         self.evictions += 1

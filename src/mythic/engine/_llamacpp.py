@@ -1,6 +1,6 @@
 """The embedded llama.cpp backend, on llama-cpp-python's low-level API.
 
-One context with a unified KV memory holds a sequence per active NPC session; one
+One context with a KV stream per sequence holds a sequence per active NPC session; one
 `llama_decode` evaluates every scheduled sequence of an adapter group; each request has its own
 sampler chain (with its own grammar). The high-level `Llama` class serves one request at a time
 and its prefix reuse ignores adapters, so it is not used here.
@@ -123,18 +123,27 @@ class LlamaCppBackend(Backend):
         n_batch: int = 512,
         n_threads: int | None = None,
         n_gpu_layers: int = 0,
-        batch_invariant: bool = True,
+        batch_invariant: bool = False,
         grammar_check_first: bool = True,
+        kv_unified: bool = False,
     ) -> None:
         """Load a resolved model file.
 
         `n_ctx` is the context of one sequence; KV memory for `n_ctx * n_seq_max` cells is
-        reserved. With `batch_invariant` (the default) every sequence has a KV stream of its
-        own and the kernels are chosen so that a sequence's logits do not depend on what else
-        shares its batch: greedy replies are reproducible whatever the load (measured, and
-        tested). Without it the sequences share one unified memory (prefix copies share cells
-        instead of copying them) and llama.cpp picks its fastest kernels; outputs can then
-        differ at near-ties.
+        reserved, a stream of `n_ctx` cells per sequence (as `llama-server --parallel` has
+        a slot per stream): attention over a sequence reads its own cells only, and sequences
+        of consecutive ids are evaluated in one pass (`decode`). With `kv_unified` the
+        sequences share one memory instead: prefix copies share cells rather than copying
+        them, but every decode attends over the cells of all sequences (measured slower with
+        eight NPCs, bench/vs_llama_server.py).
+
+        With `batch_invariant` the kernels are chosen so that a sequence's logits do not
+        depend on what else shares its batch nor on how its prompt was split: greedy replies
+        are reproducible whatever the load (measured, and tested on SmolLM2; on Qwen 0.5B
+        some kernels still differ between one row and many). It costs prompt speed: no
+        repacked weights, and at most `INVARIANT_MAX_SEQ_CHUNK` prompt tokens of a sequence
+        per call (a lone 760-token prompt: 0.8x llama-server's first-token time). Without
+        it llama.cpp picks its fastest kernels; outputs can then differ at near-ties.
 
         Raises:
             MissingExtraError: llama-cpp-python is not installed (the `llm` extra).
@@ -161,7 +170,7 @@ class LlamaCppBackend(Backend):
         threads = n_threads or os.cpu_count() or 1
         if resolved.context_length:
             n_ctx = min(n_ctx, resolved.context_length)
-        self.unified = not batch_invariant
+        self.unified = kv_unified
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = n_ctx * n_seq_max
         cparams.n_batch = n_batch
@@ -170,7 +179,8 @@ class LlamaCppBackend(Backend):
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         # Own streams keep each sequence's cells in order from cell 0, the same layout as when
-        # it runs alone; attention then sums the same numbers in the same order.
+        # it runs alone; attention then sums the same numbers in the same order, over its own
+        # cells only.
         cparams.kv_unified = self.unified
         cparams.no_perf = True
         if batch_invariant:
@@ -388,9 +398,18 @@ class LlamaCppBackend(Backend):
             raise BackendError(f"a batch of {total} tokens; n_batch is {self.n_batch}")
         batch = self._batch
         n = 0
-        outputs: list[int] = []
-        n_outputs = 0
-        for chunk in chunks:
+        outputs = [-1] * len(chunks)
+        # With a KV stream per sequence llama.cpp evaluates in one pass (a micro-batch) only
+        # sequences whose ids follow one another in the batch, each with as many tokens:
+        # in the scheduler's order, eight decoding NPCs could take eight passes over the
+        # weights. In id order, the NPCs of consecutive ids share one.
+        order = (
+            range(len(chunks))
+            if self.unified
+            else sorted(range(len(chunks)), key=lambda i: chunks[i].seq_id)
+        )
+        for index in order:
+            chunk = chunks[index]
             for i, token in enumerate(chunk.tokens):
                 batch.token[n] = token
                 batch.pos[n] = chunk.pos + i
@@ -400,10 +419,7 @@ class LlamaCppBackend(Backend):
                 n += 1
             if chunk.logits:
                 batch.logits[n - 1] = 1
-                outputs.append(n - 1)
-                n_outputs += 1
-            else:
-                outputs.append(-1)
+                outputs[index] = n - 1
         batch.n_tokens = n
         self._arm(interruptible)
         rc = self._lib.llama_decode(self._ctx, batch)

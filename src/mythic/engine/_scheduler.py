@@ -18,9 +18,11 @@ Policy, in order:
    processed). Each class with work gets at least `min_slice_seqs` sequences per step, so a
    bronze job cannot starve behind a crowd of speakers. A sequence that won a slot keeps it for
    a burst of `burst_tokens` before competing again, which keeps batches stable.
-5. Chunked prefill: a prompt is evaluated at most `prefill_chunk` tokens per step (gold: the
-   whole step budget; both capped by `max_seq_chunk`), so one long prompt cannot freeze every
-   other stream.
+5. Chunked prefill: while other sequences stream, prompts evaluate `prefill_chunk` tokens
+   per step each, all together (gold: the whole step budget), so one long prompt cannot
+   freeze every other stream; the oldest prompt takes them first. With none streaming,
+   prompts fill the step, oldest first. A sequence's share of one step is capped by
+   `max_seq_chunk`.
 6. Scheduled sequences are grouped by adapter set: one backend decode call per group; gold
    sequences form groups of their own, evaluated first.
 """
@@ -127,6 +129,9 @@ class ScheduledEntry:
     vtime: float = 0.0
     burst: int = 0
     running: bool = False
+    held: bool = False
+    """Admitted but not scheduled yet: it waits for another request to evaluate the start of
+    its prompt, which it then copies (the engine clears this)."""
 
     @property
     def prefill_left(self) -> int:
@@ -332,9 +337,9 @@ class Scheduler:
         steps = math.ceil(entry.prefill_left / chunk)
         return entry.prefill_left * self._sec_per_token + (steps - 1) * self._sec_per_step
 
-    def _chunk_limit(self, priority: Priority) -> int:
+    def _chunk_limit(self, priority: Priority, *, whole: bool = False) -> int:
         cfg = self.config
-        limit = cfg.max_batch_tokens if priority is Priority.GOLD else cfg.prefill_chunk
+        limit = cfg.max_batch_tokens if whole or priority is Priority.GOLD else cfg.prefill_chunk
         return min(limit, cfg.max_seq_chunk) if cfg.max_seq_chunk else limit
 
     def _expire(self, now: float, out: SchedulerOutput) -> None:
@@ -398,7 +403,9 @@ class Scheduler:
             seqs_left -= 1
             tokens_left -= chunk.n_tokens
 
-        running = sorted(self._running.values(), key=lambda e: (e.priority, e.arrival))
+        running = sorted(
+            (e for e in self._running.values() if not e.held), key=lambda e: (e.priority, e.arrival)
+        )
         gold = [e for e in running if e.priority is Priority.GOLD]
         # Decodes before prefills within gold too: a prompt must not delay a nearly done intent.
         for entry in sorted(gold, key=lambda e: not e.decoding):
@@ -417,12 +424,25 @@ class Scheduler:
         picked.extend(e for e in others if e.request_id not in picked_ids)
         del picked[seqs_left:]
         # Among the chosen, decoding sequences take their single token first; prompts share
-        # the remaining token budget.
-        for entry in (e for e in picked if e.decoding):
+        # the remaining token budget, the oldest of the most urgent class first.
+        decoding = [e for e in picked if e.decoding]
+        for entry in decoding:
             take(entry, 1)
-        prompts = cfg.prefill_beside_gold if gold else tokens_left
-        for entry in (e for e in picked if not e.decoding):
-            limit = min(self._chunk_limit(entry.priority), prompts)
+        waiting = sorted(
+            (e for e in picked if not e.decoding), key=lambda e: (e.priority, e.arrival)
+        )
+        if gold:
+            prompts = cfg.prefill_beside_gold
+        elif decoding:
+            # Streams wait for the whole step: prompts get `prefill_chunk` tokens each, all
+            # together, as many as if each took its chunk; but first come, first served
+            # (llama-server fills its batch so), not spread evenly: the first NPC in line
+            # gets its first token soonest, and the streams' steps last no longer.
+            prompts = min(tokens_left, sum(self._chunk_limit(e.priority) for e in waiting))
+        else:
+            prompts = tokens_left  # nobody streams: the step is the prompts'
+        for entry in waiting:
+            limit = min(self._chunk_limit(entry.priority, whole=not gold), prompts)
             if limit == 0:
                 break
             before = tokens_left

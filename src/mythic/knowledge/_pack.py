@@ -316,8 +316,8 @@ def persona_prompt(
 
     `section`: the persona packed within its token budget by `Knowledge` (what does not fit
     is retrieved as lore when relevant); None with `full`: the whole card, and the world's and
-    the zone's descriptions (no retrieval). Stable parts come first so that later turns and
-    other NPCs of the same world share a prefix.
+    the zone's descriptions (no retrieval), first. Stable parts come first so that later turns
+    and other NPCs of the same world (and zone) share a prefix.
     """
     short_name = persona.name.split(",")[0]
     # Measured on the 0.5B default model (`mythic eval quality`): framed as "playing a
@@ -325,15 +325,21 @@ def persona_prompt(
     # "based on the lore", code when asked); told it is a person of the world who knows
     # nothing outside it, it stays in character. Naming the speaker and forbidding echoes cut
     # replies that parrot the player's line.
-    lines = [
+    lines = []
+    zone = world.card.zones[persona.zone] if full and persona.zone is not None else None
+    if full:
+        # The most widely shared first: every NPC of the world starts with the world's line,
+        # every NPC of a zone with the zone's too; the engine evaluates such a start once for
+        # the NPCs that arrive together and copies it for the others.
+        lines.append(f"The world: {world.card.description}")
+        if zone is not None:
+            lines.append(f"The place: {zone.name}: {zone.description}")
+    lines += [
         f"You are {persona.name}, {introduction(world, persona)}: {_NOT_ASSISTANT}",
         f"How you speak: {persona.style}.",
     ]
-    if full:
-        lines.append(f"The world: {world.card.description}")
-        if persona.zone is not None:
-            zone = world.card.zones[persona.zone]
-            lines.append(f"You are at {zone.name}: {zone.description}")
+    if zone is not None:
+        lines.append(f"You are at {zone.name}.")
     lines.append(f"Talk as {short_name}: {_TALK}")
     lines.append(
         f"You know nothing of computers, code, AI or any world outside {world.name}: asked "
