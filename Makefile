@@ -57,6 +57,7 @@ help:
 	@echo "make bench  run every benchmark in bench/ on small settings (results in $(BENCH_RESULTS)/)"
 	@echo "llama.cpp build flags: $(LLAMA_CMAKE_ARGS)"
 	@echo "llama.cpp wheel cache: $(LLAMA_WHEELS)"
+	@echo "make llama-server   build llama.cpp's own server (the benchmarks' baseline) into $(LLAMA_SERVER)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -142,13 +143,14 @@ typecheck: $(INSTALLED)
 docs: $(INSTALLED)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
-test: setup lint typecheck docs
+# The suite also runs llama.cpp's own server (a remote endpoint's per-request LoRA), built once.
+test: setup llama-server lint typecheck docs
 	$(PY) -m pytest
 
 unit: $(INSTALLED)
 	$(PY) -m pytest -m unit
 
-integration: setup
+integration: setup llama-server
 	$(PY) -m pytest -m integration
 
 e2e: setup

@@ -280,7 +280,10 @@ class ServerSide:
             self.command, stdout=subprocess.DEVNULL, stderr=self.log, text=True
         )
         self.url = f"http://127.0.0.1:{self.port}"
-        self.client = httpx.AsyncClient(base_url=self.url, timeout=600)
+        # A new connection a request: a kept-alive one the server has just closed would fail
+        # the next request ("disconnected without sending a response").
+        limits = httpx.Limits(max_keepalive_connections=0)
+        self.client = httpx.AsyncClient(base_url=self.url, timeout=600, limits=limits)
 
     async def ready(self) -> None:
         deadline = time.monotonic() + 120
@@ -542,9 +545,15 @@ async def main_async(args: argparse.Namespace) -> None:
         extra = [*extra, "--n-gpu-layers", "999"]
     results: dict[str, Any] = {"n": {}, "zone": None, "mixed": None}
     table: list[tuple[str, ...]] = []
+    earlier = _earlier_rounds(args.resume) if args.resume else {}
+    reused = 0
     for n in args.n:
         rounds = []
         for r in range(args.rounds):
+            if len(earlier.get(f"N={n}", [])) > r:
+                rounds.append(earlier[f"N={n}"][r])
+                reused += 1
+                continue
             row = await one_round(n, settings, binary, model, threads, extra)
             for workload in ("cold", "follow"):
                 row[workload]["ratio"] = _ratios(row[workload])
@@ -554,8 +563,9 @@ async def main_async(args: argparse.Namespace) -> None:
         results["n"][str(n)] = {"rounds": rounds, "median": summary}
         table += [_table_row(str(n), workload, summary[workload]) for workload in summary]
     if not args.skip_zone:
-        rounds = []
-        for _ in range(args.rounds):
+        rounds = earlier.get("zone", [])[: args.rounds]
+        reused += len(rounds)
+        for _ in range(args.rounds - len(rounds)):
             row = await zone_round(8, settings, binary, model, threads, extra)
             row["zone"]["ratio"] = _ratios(row["zone"])
             rounds.append(row)
@@ -563,8 +573,9 @@ async def main_async(args: argparse.Namespace) -> None:
         results["zone"] = {"rounds": rounds, "npcs": 8, "median": _summary(rounds, "zone")}
         table.append(_table_row("8", "zone", results["zone"]["median"]))
     if not args.skip_mixed:
-        rounds = []
-        for _ in range(args.rounds):
+        rounds = earlier.get("mixed", [])[: args.rounds]
+        reused += len(rounds)
+        for _ in range(args.rounds - len(rounds)):
             row = await mixed_round(settings, binary, model, threads, extra)
             rounds.append(row)
             print(f"mixed: {json.dumps(row)}", flush=True)
@@ -612,6 +623,7 @@ async def main_async(args: argparse.Namespace) -> None:
         threads=threads,
         device=args.device,
         quick=args.quick,
+        resumed_rounds=reused,
         llama_server_command=_describe(binary, model, threads, extra),
         engine_settings={
             "batch_invariant": settings.batch_invariant,
@@ -620,6 +632,19 @@ async def main_async(args: argparse.Namespace) -> None:
             "n_ctx": settings.n_ctx,
         },
     )
+
+
+def _earlier_rounds(log: Path) -> dict[str, list[dict[str, Any]]]:
+    """The rounds an earlier run printed (`--resume`): "N=8", "zone", "mixed" -> rows."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for line in log.read_text().splitlines():
+        head, sep, body = line.partition(": ")
+        if not sep or not body.startswith("{"):
+            continue
+        key = head.split(" round ")[0]
+        if key.startswith("N=") or key in ("zone", "mixed"):
+            found.setdefault(key, []).append(json.loads(body))
+    return found
 
 
 def _describe(binary: Path, model: Path, threads: int, extra: list[str]) -> str:
@@ -641,6 +666,12 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--skip-zone", action="store_true")
     parser.add_argument("--skip-mixed", action="store_true")
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        help="the output of an earlier run of this bench that stopped part-way: its printed "
+        "rounds are taken as they are, the rest measured (the file records how many)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.n, args.rounds = [1, 4], 1

@@ -148,6 +148,72 @@ def _engine_rows() -> Iterator[SummaryRow]:
     )
 
 
+def _vs_llama_server_rows() -> Iterator[SummaryRow]:
+    data = _load("vs_llama_server.json")
+    by_n = data["results"]["n"]
+    cold = by_n.get("8", {}).get("median", {}).get("cold")
+    if cold:
+        yield SummaryRow(
+            "tokens/s, 8 NPCs' first turns at once (cold prompts), Qwen 0.5B",
+            f"{cold['mythic_tok_s']:.1f} tok/s",
+            f"{cold['llama_server_tok_s']:.1f} tok/s, llama-server --parallel 8",
+            _x(cold["tok_s_ratio"]),
+            _verdict(">= 1x", cold["tok_s_ratio"] >= 1.0),
+            "vs_llama_server.json",
+        )
+    worst_n, worst_turns, worst = min(
+        (
+            (n, w, r["median"][w]["tok_s_ratio"])
+            for n, r in by_n.items()
+            for w in ("cold", "follow")
+        ),
+        key=lambda row: row[2],
+    )
+    yield SummaryRow(
+        f"tokens/s against llama-server, the lowest of N = {', '.join(sorted(by_n, key=int))}",
+        f"{worst_n} NPC{'' if worst_n == '1' else 's'}, "
+        f"{'first turns' if worst_turns == 'cold' else 'follow-ups'}",
+        "llama-server in the same run",
+        _x(worst),
+        _verdict(">= 1x at every N", worst >= 1.0),
+        "vs_llama_server.json",
+    )
+    zone = data["results"].get("zone")
+    if zone:
+        m = zone["median"]
+        yield SummaryRow(
+            f"tokens/s, first turns of {zone['npcs']} NPCs of one zone (a shared prompt start)",
+            f"{m['mythic_tok_s']:.1f} tok/s",
+            f"{m['llama_server_tok_s']:.1f} tok/s, llama-server",
+            _x(m["tok_s_ratio"]),
+            _verdict(">= 1.5x", m["tok_s_ratio"] >= 1.5),
+            "vs_llama_server.json",
+        )
+    mixed = data["results"].get("mixed")
+    if mixed:
+        ours, theirs = mixed["median"]["mythic"], mixed["median"]["llama_server"]
+        yield SummaryRow(
+            f"gold intent TTFT p95 beside {mixed['silver']} dialogue streams, over idle",
+            f"{_ms(ours['loaded_p95_s'] * 1000)} ({_x(ours['loaded_over_idle_p95'])} idle)",
+            f"llama-server, no priority: {_ms(theirs['loaded_p95_s'] * 1000)} "
+            f"({_x(theirs['loaded_over_idle_p95'])} idle)",
+            _x(ours["loaded_over_idle_p95"]),
+            _verdict("<= 1.5x idle", ours["loaded_over_idle_p95"] <= 1.5),
+            "vs_llama_server.json",
+        )
+    widest = max(by_n, key=int)
+    follow = by_n[widest]["median"]["follow"]
+    ratio = follow["mythic_ttft_p50_s"] / follow["llama_server_ttft_p50_s"]
+    yield SummaryRow(
+        f"a follow-up turn's time to first token p50, {widest} NPCs at once",
+        _ms(follow["mythic_ttft_p50_s"] * 1000),
+        f"{_ms(follow['llama_server_ttft_p50_s'] * 1000)}, llama-server",
+        _x(ratio),
+        _verdict("<= 1x", ratio <= 1.0),
+        "vs_llama_server.json",
+    )
+
+
 def _server_rows() -> Iterator[SummaryRow]:
     data = _load("server_load.json")
     row = next(r for r in data["results"] if r["n"] == 8)
@@ -261,6 +327,7 @@ def _moves_rows() -> Iterator[SummaryRow]:
 
 
 SUMMARY: tuple[Callable[[], Iterator[SummaryRow]], ...] = (
+    _vs_llama_server_rows,
     _engine_rows,
     _server_rows,
     _memory_rows,
@@ -359,6 +426,63 @@ def _engine_concurrency() -> str:
         + "\n"
         + _source("engine_concurrency.json", data)
     )
+
+
+def _pair_s(m: dict[str, Any], key: str) -> str:
+    """Mythic's and llama-server's seconds of one figure, as durations."""
+    return f"{_ms(m[f'mythic_{key}'] * 1000)} / {_ms(m[f'llama_server_{key}'] * 1000)}"
+
+
+def _vs_llama_server() -> str:
+    data = _load("vs_llama_server.json")
+    res = data["results"]
+    rows = []
+    medians = [
+        (n, w, r["median"][w])
+        for n, r in sorted(res["n"].items(), key=lambda kv: int(kv[0]))
+        for w in ("cold", "follow")
+    ]
+    if res.get("zone"):
+        medians.append((str(res["zone"]["npcs"]), "zone", res["zone"]["median"]))
+    for n, workload, m in medians:
+        rows.append(
+            [
+                n,
+                {"cold": "first turns", "follow": "follow-ups", "zone": "first turns, one zone"}[
+                    workload
+                ],
+                f"{m['mythic_tok_s']:.1f} / {m['llama_server_tok_s']:.1f}",
+                _x(m["tok_s_ratio"]),
+                _pair_s(m, "ttft_p50_s"),
+                _pair_s(m, "ttft_p95_s"),
+                f"{m['mythic_prompt_evaluated']:.0f} / {m['llama_server_prompt_evaluated']:.0f}",
+            ]
+        )
+    header = ["NPCs", "turns", "tok/s Mythic / llama-server", "ratio", "TTFT p50", "TTFT p95"]
+    header.append("prompt tokens evaluated")
+    out = (
+        f"Model {data['model']}, {data['max_tokens']} tokens a reply, {data['threads']} threads, "
+        f"medians of {data['rounds']} rounds; llama-server: `{data['llama_server_command']}`.\n\n"
+        + _table(header, rows)
+    )
+    mixed = res.get("mixed")
+    if mixed:
+        gold = []
+        for side, m in mixed["median"].items():
+            gold.append(
+                [
+                    {
+                        "mythic": "Mythic (gold priority)",
+                        "llama_server": "llama-server (no priority)",
+                    }[side],
+                    f"{_ms(m['idle_p50_s'] * 1000)} / {_ms(m['idle_p95_s'] * 1000)}",
+                    f"{_ms(m['loaded_p50_s'] * 1000)} / {_ms(m['loaded_p95_s'] * 1000)}",
+                    _x(m["loaded_over_idle_p95"]),
+                ]
+            )
+        head = ["", "gold TTFT idle p50 / p95", f"beside {mixed['silver']} streams p50 / p95"]
+        out += "\n" + _table([*head, "p95 loaded / idle"], gold)
+    return out + "\n" + _source("vs_llama_server.json", data)
 
 
 def _server_load() -> str:
@@ -721,6 +845,7 @@ PERFORMANCE_TABLES: dict[str, Callable[[], str]] = {
     "summary": summary_table,
     "engine_single": _engine_single,
     "engine_concurrency": _engine_concurrency,
+    "vs_llama_server": _vs_llama_server,
     "server_load": _server_load,
     "memory": _memory,
     "retrieval": _retrieval,

@@ -277,16 +277,27 @@ async def test_a_window_moved_past_old_exchanges_keeps_the_later_ones_cached(
     assert after.running == 0 and after.completed - before.completed == 3
 
 
-async def test_an_evicted_session_resumes_correctly(settings: MythicSettings) -> None:
-    engine = load_engine("smollm2-135m-instruct", settings, **EXACT, max_sequences=4)
+@pytest.mark.parametrize("park_mb", [0, 64], ids=["evaluated-again", "parked"])
+async def test_an_evicted_session_resumes_correctly(settings: MythicSettings, park_mb: int) -> None:
+    engine = load_engine(
+        "smollm2-135m-instruct", settings, **EXACT, max_sequences=4, park_mb=park_mb
+    )
     try:
         talk = [SYSTEM, ChatMessage("user", QUESTIONS[0])]
         before = await run(engine, GenerationRequest("evicted", talk, sampling=greedy(16)))
         # Other NPCs take every sequence; the first NPC's KV is evicted.
         for i in range(6):
             await run(engine, ask(f"other-{i}", QUESTIONS[i + 1], 4))
+        assert ("evicted", "default") not in engine._cache._sessions
         after = await run(engine, GenerationRequest("evicted", talk, sampling=greedy(16)))
-        assert after.cached_tokens < after.prompt_tokens - 1  # its own KV was gone
+        metrics = engine.metrics()
+        if park_mb:
+            # Its cells came back from host memory: nothing evaluated again but the last token.
+            assert metrics.sessions_restored == 1
+            assert after.cached_tokens == after.prompt_tokens - 1
+        else:
+            assert metrics.sessions_parked == metrics.sessions_restored == 0
+            assert after.cached_tokens < after.prompt_tokens - 1  # its own KV was gone
         assert after.text == before.text
     finally:
         await engine.aclose()

@@ -20,13 +20,14 @@ from typing import Any
 import httpx
 import pytest
 
-from mythic.config import MythicSettings, effective_route
+from mythic.config import EndpointSettings, MythicSettings, effective_route
 from mythic.engine import ChatMessage, Engine, GenerationRequest, ModelStore, Sampling
 from mythic.knowledge import load_world
 from mythic.route import (
     BreakerState,
     EmbeddedEndpoint,
     Endpoint,
+    EndpointRejectedError,
     OpenAIEndpoint,
     Router,
     local_router,
@@ -463,3 +464,104 @@ def test_local_router_maps_gold_to_the_intent_engine(
     assert router.engine_for("intent") is smollm
     assert router.engine_for("dialogue") is qwen
     assert router.engine_for("summary") is qwen
+
+
+# -- llama.cpp's own server: adapters by name, usage from the server ----------------------------
+
+
+def llama_server_binary() -> Path:
+    """The `llama-server` that `make llama-server` builds (`make test` builds it first)."""
+    root = Path(__file__).resolve().parents[2]
+    made = subprocess.run(
+        ["make", "-s", "llama-server-path"], cwd=root, capture_output=True, text=True
+    ).stdout.strip()
+    binary = Path(made) if made else None
+    if binary is None or not binary.is_file():
+        unavailable(
+            f"llama-server is not built ({made or 'make llama-server-path'}): run make llama-server"
+        )
+        raise AssertionError("unreachable")
+    return binary
+
+
+async def test_llama_server_serves_adapters_by_name_with_its_own_usage(
+    smollm_path: Path, tmp_path: Path
+) -> None:
+    from tests.loras import write_lora
+
+    vampire = write_lora(smollm_path, tmp_path / "vampire.gguf", seed=1, scale=0.2)
+    ghoul = write_lora(smollm_path, tmp_path / "ghoul-v2.gguf", seed=2, scale=0.2)
+    port = free_port()
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
+    process = subprocess.Popen(  # noqa: ASYNC220 - returns at once
+        [
+            str(llama_server_binary()),
+            *("-m", str(smollm_path), "--host", "127.0.0.1", "--port", str(port)),
+            *("--lora", str(vampire), "--lora", str(ghoul), "--lora-init-without-apply"),
+            *("--ctx-size", "2048", "--threads", "1", "--no-webui", "--parallel", "2"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    root = f"http://127.0.0.1:{port}"
+    endpoint = OpenAIEndpoint("llama-server", _llama_endpoint_settings(f"{root}/v1"))
+    try:
+        async with httpx.AsyncClient() as client:
+            for _ in range(600):
+                if process.poll() is not None:
+                    log.seek(0)
+                    pytest.fail(f"llama-server exited: {log.read().decode()[-2000:]}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(f"{root}/health", timeout=1)).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("llama-server did not start in 60 s")
+
+            async def reply(**adapters: float) -> tuple[str, int, int]:
+                deltas = [d async for d in endpoint.stream(dialogue(24, adapters=adapters))]
+                return (
+                    "".join(d.text for d in deltas),
+                    sum(d.tokens for d in deltas),
+                    deltas[-1].prompt_tokens,
+                )
+
+            base, base_tokens, prompt_tokens = await reply()
+            as_vampire = await reply(vampire=1.0)
+            # The ghoul's file is ghoul-v2.gguf: the endpoint's `adapters` maps the name.
+            as_ghoul = await reply(ghoul=1.0)
+            assert len({base, as_vampire[0], as_ghoul[0]}) == 3  # each adapter applied alone
+            assert await reply(vampire=1.0) == as_vampire  # and no other left on after it
+            assert await reply() == (base, base_tokens, prompt_tokens)
+            # The counts are the server's own: its prompt is the chat template's tokens.
+            templated = await client.post(
+                f"{root}/apply-template", json={"messages": _wire(dialogue().messages)}
+            )
+            tokens = await client.post(
+                f"{root}/tokenize", json={"content": templated.json()["prompt"]}
+            )
+            assert prompt_tokens == len(tokens.json()["tokens"])
+            assert prompt_tokens != approx_prompt_tokens(dialogue())
+            assert base_tokens == 24
+            with pytest.raises(EndpointRejectedError, match="no LoRA adapter 'werewolf'"):
+                await reply(werewolf=1.0)
+    finally:
+        process.terminate()
+        process.wait(10)
+        log.close()
+        await endpoint.aclose()
+
+
+def _llama_endpoint_settings(url: str) -> EndpointSettings:
+    return EndpointSettings(
+        model="smollm2",
+        url=url,
+        json_schema="llama.cpp",
+        lora="llama.cpp",
+        adapters={"ghoul": "ghoul-v2"},
+    )
+
+
+def _wire(messages: Any) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.content} for m in messages]

@@ -123,6 +123,42 @@ def test_idle_sequences_are_evicted_least_recently_used_first() -> None:
     assert c.evictions >= 1
 
 
+class ParkingRecorder(SeqRecorder):
+    """A backend that saves a sequence as the bytes of its positions (one byte each)."""
+
+    def seq_save(self, seq_id: int) -> bytes | None:
+        return bytes(self.cells.get(seq_id, 0))
+
+    def seq_restore(self, seq_id: int, data: bytes) -> bool:
+        self.ops.append(("restore", seq_id, len(data), -1))
+        self.cells[seq_id] = len(data)
+        return True
+
+
+def test_an_evicted_session_is_parked_and_loaded_back_for_its_next_turn() -> None:
+    rec = ParkingRecorder()
+    c = SequenceCache(rec, 2, prefix_min_tokens=8, park_bytes=150)  # type: ignore[arg-type]
+    turns = {name: [ord(name), *PROMPT] for name in "abc"}
+    for name in "abc":  # two sequences: "c" evicts "a", which is parked
+        got = c.acquire((name, "s"), (), turns[name])
+        evaluated(c, got, turns[name])
+        rec.cells[got.seq.seq_id] = len(turns[name])
+        c.release(got.seq)
+    assert (c.parks, c.parked_bytes) == (1, 101)
+    back = c.acquire(("a", "s"), (), [*turns["a"], 7, 8])  # the next turn: its own cells
+    assert (back.source, back.cached, c.restores) == ("parked", 101, 1)
+    assert back.seq.tokens == turns["a"]
+    assert c.parked_bytes == 101  # "b" was evicted for it, and parked in turn
+    # Over the budget, the least recently parked goes; another adapter set gets nothing.
+    c.release(back.seq)
+    c.acquire(("d", "s"), (), [ord("d"), *PROMPT])  # evicts "c": parked, "b" dropped
+    assert c.parked_bytes <= 250
+    b = c.acquire(("b", "s"), (), turns["b"])
+    assert b.source == "none"
+    c.release(b.seq)
+    assert c.acquire(("c", "s"), (("vampire", 1.0),), turns["c"]).source == "none"
+
+
 def test_eviction_by_cells_keeps_the_idle_total_under_the_budget() -> None:
     c, _ = cache(n_seq=8)
     for name in "abcd":

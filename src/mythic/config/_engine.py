@@ -85,12 +85,18 @@ class EngineSettings(Section):
     dropped exchanges in view, which a fresh evaluation would not have: replies differ a
     little from one after a full evaluation. 0: off (evaluate them again)."""
 
+    park_mb: int = Field(default=256, ge=0)
+    """Host memory for the KV of evicted sessions (an NPC off screen whose sequence was taken
+    for another): parked as it is evicted, loaded back when the NPC speaks again instead of
+    its conversation being evaluated again; the least recently parked goes first. About 12 KB
+    a token on Qwen 0.5B. 0: off."""
+
     batch_invariant: bool = False
     """Make each NPC's output independent of which other NPCs share its batch and of how its
     prompt was split (greedy replies are then reproducible whatever the load: tests, replays),
-    at a cost in prompt speed: a lone NPC's first turn took 1.3x as long to its first token
-    (bench/vs_llama_server.py). Off: llama.cpp's fastest kernels, as `llama-server` uses them;
-    a greedy reply can then differ at a near-tie between a crowded and a quiet moment."""
+    at a cost in prompt speed: prompts go in chunks of 48 tokens per sequence, without
+    llama.cpp's fastest kernels. Off: those kernels, as `llama-server` uses them; a greedy
+    reply can then differ at a near-tie between a crowded and a quiet moment."""
 
     grammar_check_first: bool = True
     """A greedy request with a JSON schema or grammar (the per-line decision, intents): pick

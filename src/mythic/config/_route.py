@@ -51,7 +51,13 @@ class EndpointSettings(Section):
     then it can take over a reply another endpoint dropped mid-stream."""
     adapters: dict[str, str] = Field(default_factory=dict)
     """LoRA adapter -> the model name that serves it (vLLM multi-LoRA: `--lora-modules`);
-    an adapter not listed is sent under its own name."""
+    an adapter not listed is sent under its own name. With `lora: llama.cpp`: adapter -> the
+    file name (without `.gguf`) the server loaded it from, when that is not its name."""
+    lora: Literal["model", "llama.cpp"] = "model"
+    """How a request names its LoRA adapters. `model`: one adapter per request, as the model
+    name (vLLM, SGLang). `llama.cpp`: llama-server's per-request `lora` list (adapters
+    loaded with `--lora`, found by file name under `/lora-adapters`), several at once, each
+    with its scale; the others are sent at scale 0."""
     health_path: str = "/models"
     """Polled under `url` to tell whether the server is up."""
 

@@ -178,6 +178,16 @@ class Backend(ABC):
         the default."""
         return False
 
+    def seq_save(self, seq_id: int) -> bytes | None:
+        """A sequence's cells as bytes (its KV, for `seq_restore` into any free sequence);
+        None where the backend cannot, the default."""
+        return None
+
+    def seq_restore(self, seq_id: int, data: bytes) -> bool:
+        """Load a free sequence with the cells `seq_save` gave; False (nothing held) where
+        the backend cannot or the data does not fit, the default."""
+        return False
+
     @abstractmethod
     def clear(self) -> None:
         """Forget every sequence (after a failure)."""

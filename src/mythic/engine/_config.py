@@ -20,6 +20,7 @@ class EngineConfig:
     shift_min_tokens: int = 32
     seed: int = -1
     gold_preempts: bool = True
+    park_bytes: int = 0
 
     @classmethod
     def for_backend(cls, backend: Backend, settings: EngineSettings | None = None) -> EngineConfig:
@@ -43,4 +44,5 @@ class EngineConfig:
             shift_min_tokens=s.shift_min_tokens,
             seed=s.seed,
             gold_preempts=s.gold_preempts,
+            park_bytes=s.park_mb * 2**20,
         )

@@ -101,6 +101,11 @@ class EngineMetrics:
     prefix_joins: int
     """Requests that copied the start of their prompt from a request running beside them
     (arrived together, the same start) instead of evaluating it too."""
+    sessions_parked: int
+    """Evicted sessions whose KV was kept in host memory (`engine.park_mb`)."""
+    sessions_restored: int
+    """Sessions whose parked KV was loaded back for their next turn."""
+    parked_bytes: int
     adapter_switches: int
     adapter_loads: int
     """Adapters loaded while running (`load_adapter`), not counting those loaded at start."""
@@ -146,6 +151,7 @@ class Engine:
             backend.n_seq_max,
             self.config.prefix_min_tokens,
             shift_min_tokens=self.config.shift_min_tokens,
+            park_bytes=self.config.park_bytes,
         )
         self._active: dict[str, ActiveRequest] = {}
         self._cancelled: list[ActiveRequest] = []
@@ -815,6 +821,9 @@ class Engine:
                 prefix_lookups=c["prefix_lookups"],
                 prefix_hits=c["prefix_hits"],
                 prefix_joins=c["prefix_joins"],
+                sessions_parked=self._cache.parks,
+                sessions_restored=self._cache.restores,
+                parked_bytes=self._cache.parked_bytes,
                 adapter_switches=c["adapter_switches"],
                 adapter_loads=c["adapter_loads"],
                 adapter_unloads=c["adapter_unloads"],

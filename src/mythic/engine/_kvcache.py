@@ -7,7 +7,9 @@ stretch of its cached tokens (the conversation's window moved past old exchanges
 follows the stretch, moved down in place (`seq_cut`), when the backend can shift positions.
 Entries are keyed by adapter set: KV computed under one set of adapters is never reused under
 another. Idle entries are evicted least recently used first, when a sequence id or KV cells
-are needed.
+are needed; an evicted session's cells are parked in host memory (`park_bytes`, least recently
+parked dropped first) and loaded back into a sequence when the NPC speaks again, instead of
+being evaluated again (the design's off-screen "KV evict and resume").
 """
 
 from __future__ import annotations
@@ -36,12 +38,21 @@ class CachedSequence:
 
 
 @dataclass(slots=True)
+class Parked:
+    """An evicted session's cells, in host memory."""
+
+    adapter_key: AdapterKey
+    tokens: list[int]
+    data: bytes
+
+
+@dataclass(slots=True)
 class Acquired:
     seq: CachedSequence
     cached: int
     """Leading prompt tokens already in the sequence."""
     source: str
-    """"session", "prefix" or "none"."""
+    """"session", "parked", "prefix" or "none"."""
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -56,7 +67,13 @@ class SequenceCache:
     """Owns the backend's sequence ids. Used only from the engine's worker thread."""
 
     def __init__(
-        self, backend: Backend, n_seq: int, prefix_min_tokens: int, *, shift_min_tokens: int = 0
+        self,
+        backend: Backend,
+        n_seq: int,
+        prefix_min_tokens: int,
+        *,
+        shift_min_tokens: int = 0,
+        park_bytes: int = 0,
     ) -> None:
         self._backend = backend
         self._n_seq = n_seq
@@ -70,6 +87,13 @@ class SequenceCache:
         self._idle: OrderedDict[int, CachedSequence] = OrderedDict()
         self._idle_cells = 0
         self.evictions = 0
+        self.park_bytes = park_bytes
+        self._parked: OrderedDict[SessionKey, Parked] = OrderedDict()
+        self.parked_bytes = 0
+        self.parks = 0
+        """Sessions whose cells were parked as they were evicted."""
+        self.restores = 0
+        """Sessions whose parked cells were loaded back for their next turn."""
 
     @property
     def idle_cells(self) -> int:
@@ -97,6 +121,7 @@ class SequenceCache:
                 self._truncate(own, cached)
                 return Acquired(own, cached, "session" if cached else "none")
             self._drop(own)
+        parked = self._unpark(session)
         seq = CachedSequence(self._new_id(), adapter_key, session, busy=True)
         best, best_len = None, 0
         for prefix in self._prefixes:
@@ -106,6 +131,13 @@ class SequenceCache:
             if n > best_len:
                 best, best_len = prefix, n
         cached = min(best_len, limit)
+        if parked is not None and parked.adapter_key == adapter_key:
+            held = min(common_prefix(parked.tokens, prompt), limit)
+            if held > cached and self._backend.seq_restore(seq.seq_id, parked.data):
+                seq.tokens = parked.tokens
+                self.restores += 1
+                self._truncate(seq, held)
+                return Acquired(seq, held, "parked")
         if best is not None and cached >= self.prefix_min_tokens:
             self._backend.seq_copy(best.seq_id, seq.seq_id, cached)
             seq.tokens = prompt[:cached]
@@ -161,6 +193,7 @@ class SequenceCache:
                 return
             self._drop(current)
         self._sessions[seq.session] = seq
+        self._unpark(seq.session)  # older than what the session holds now
         self._make_idle(seq)
 
     def discard(self, seq: CachedSequence) -> None:
@@ -171,8 +204,7 @@ class SequenceCache:
         """Evict least recently used idle entries until they hold at most `max_idle_cells`."""
         evicted = 0
         while self._idle and self._idle_cells > max(max_idle_cells, 0):
-            seq = next(iter(self._idle.values()))
-            self._drop(seq)
+            self._evict(next(iter(self._idle.values())))
             evicted += 1
         return evicted
 
@@ -182,6 +214,9 @@ class SequenceCache:
         stale = [s for s in self._idle.values() if any(n == name for n, _ in s.adapter_key)]
         for seq in stale:
             self._drop(seq)
+        for session, parked in list(self._parked.items()):
+            if any(n == name for n, _ in parked.adapter_key):
+                self._unpark(session)
         return len(stale)
 
     def reset(self) -> None:
@@ -191,6 +226,8 @@ class SequenceCache:
         self._prefixes.clear()
         self._idle.clear()
         self._idle_cells = 0
+        self._parked.clear()
+        self.parked_bytes = 0
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -203,10 +240,34 @@ class SequenceCache:
         if not self._free:
             if not self._idle:
                 raise RuntimeError("every sequence is busy; the scheduler admitted too many")
-            self._drop(next(iter(self._idle.values())))
+            self._evict(next(iter(self._idle.values())))
         seq_id = max(self._free) if high else min(self._free)
         self._free.discard(seq_id)
         return seq_id
+
+    def _evict(self, seq: CachedSequence) -> None:
+        """Drop an idle entry to make room; a session's cells are parked first, when the
+        backend can save them and they fit the budget."""
+        if (
+            seq.session is not None
+            and self.park_bytes
+            and len(seq.tokens) >= self.prefix_min_tokens
+        ):
+            data = self._backend.seq_save(seq.seq_id)
+            if data is not None and len(data) <= self.park_bytes:
+                self._unpark(seq.session)
+                self._parked[seq.session] = Parked(seq.adapter_key, list(seq.tokens), data)
+                self.parked_bytes += len(data)
+                self.parks += 1
+                while self.parked_bytes > self.park_bytes:
+                    self._unpark(next(iter(self._parked)))
+        self._drop(seq)
+
+    def _unpark(self, session: SessionKey) -> Parked | None:
+        parked = self._parked.pop(session, None)
+        if parked is not None:
+            self.parked_bytes -= len(parked.data)
+        return parked
 
     def _make_idle(self, seq: CachedSequence) -> None:
         self._idle[seq.seq_id] = seq

@@ -142,7 +142,7 @@ class LlamaCppBackend(Backend):
         are reproducible whatever the load (measured, and tested on SmolLM2; on Qwen 0.5B
         some kernels still differ between one row and many). It costs prompt speed: no
         repacked weights, and at most `INVARIANT_MAX_SEQ_CHUNK` prompt tokens of a sequence
-        per call (a lone 760-token prompt: 0.8x llama-server's first-token time). Without
+        per call. Without
         it llama.cpp picks its fastest kernels; outputs can then differ at near-ties.
 
         Raises:
@@ -539,6 +539,22 @@ class LlamaCppBackend(Backend):
             return False  # a memory that cannot drop a stretch (recurrent): nothing changed
         self._lib.llama_memory_seq_add(self._memory, seq_id, end, -1, start - end)
         return True
+
+    def seq_save(self, seq_id: int) -> bytes | None:
+        lib = self._lib
+        size = int(lib.llama_state_seq_get_size(self._ctx, seq_id))
+        if size <= 0:
+            return None
+        buf = (ctypes.c_uint8 * size)()
+        n = int(lib.llama_state_seq_get_data(self._ctx, buf, size, seq_id))
+        return ctypes.string_at(buf, n) if n > 0 else None
+
+    def seq_restore(self, seq_id: int, data: bytes) -> bool:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if self._lib.llama_state_seq_set_data(self._ctx, buf, len(data), seq_id) > 0:
+            return True
+        self._lib.llama_memory_seq_rm(self._memory, seq_id, 0, -1)  # nothing half-loaded
+        return False
 
     def seq_length(self, seq_id: int) -> int:
         """Positions held for a sequence (0 when it holds none)."""

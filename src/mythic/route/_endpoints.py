@@ -14,7 +14,8 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
 from mythic.config import EndpointSettings
@@ -139,6 +140,7 @@ class OpenAIEndpoint(Endpoint):
         self.can_continue = settings.continue_final_message
         self._client = client
         self._own_client = client is None
+        self._lora_ids: dict[str, int] | None = None
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -153,8 +155,41 @@ class OpenAIEndpoint(Endpoint):
         key = os.environ.get(env) if env else None
         return {"authorization": f"Bearer {key}"} if key else {}
 
-    def body(self, request: GenerationRequest) -> dict[str, Any]:
-        """The chat completion request for `request`.
+    async def lora_ids(self, *, refresh: bool = False) -> dict[str, int]:
+        """llama-server's adapters (`lora: llama.cpp`): file name without `.gguf` -> id, from
+        its `/lora-adapters` (asked once, and again when a request names one not there).
+
+        Raises:
+            EndpointError: the server did not say.
+        """
+        if self._lora_ids is not None and not refresh:
+            return self._lora_ids
+        import httpx
+
+        root = self.base.removesuffix("/v1")
+        timeout = httpx.Timeout(self.settings.connect_timeout_s)
+        try:
+            reply = await self._http().get(
+                f"{root}/lora-adapters", headers=self._headers(), timeout=timeout
+            )
+            listed = reply.json() if reply.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            raise EndpointError(f"{self.name}: its LoRA adapters: {exc}") from exc
+        if not isinstance(listed, list):
+            raise EndpointError(f"{self.name}: /lora-adapters answered {reply.status_code}")
+        ids = {}
+        for entry in listed:
+            if isinstance(entry, dict) and isinstance(entry.get("id"), int):
+                stem = PurePath(str(entry.get("path", ""))).name.removesuffix(".gguf")
+                ids[stem] = entry["id"]
+        self._lora_ids = ids
+        return ids
+
+    def body(
+        self, request: GenerationRequest, lora_ids: Mapping[str, int] | None = None
+    ) -> dict[str, Any]:
+        """The chat completion request for `request` (`lora_ids`: the server's adapters, for
+        `lora: llama.cpp`).
 
         Raises:
             EndpointRejectedError: the request needs what this endpoint cannot do.
@@ -164,9 +199,12 @@ class OpenAIEndpoint(Endpoint):
         s = request.sampling
         model = self.settings.model
         adapters = [name for name, scale in request.adapters.items() if scale]
-        if len(adapters) > 1:
+        lora: list[dict[str, Any]] | None = None
+        if self.settings.lora == "llama.cpp":
+            lora = self._lora_list(request.adapters, lora_ids or {})
+        elif len(adapters) > 1:
             raise EndpointRejectedError(f"{self.name} serves one LoRA adapter per request")
-        if adapters:
+        elif adapters:
             model = self.settings.adapters.get(adapters[0], adapters[0])
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
         body: dict[str, Any] = {
@@ -178,6 +216,8 @@ class OpenAIEndpoint(Endpoint):
             "temperature": s.temperature,
             "top_p": s.top_p,
         }
+        if lora is not None:
+            body["lora"] = lora
         if s.top_k:
             body["top_k"] = s.top_k
         if s.seed is not None:
@@ -213,10 +253,28 @@ class OpenAIEndpoint(Endpoint):
                 raise EndpointRejectedError(f"{self.name} cannot constrain output to a grammar")
         return body
 
+    def _lora_list(
+        self, wanted: Mapping[str, float], ids: Mapping[str, int]
+    ) -> list[dict[str, Any]]:
+        """llama-server's `lora` field: every adapter it has, those `wanted` at their scale."""
+        scales = dict.fromkeys(ids.values(), 0.0)
+        for name, scale in wanted.items():
+            served = ids.get(self.settings.adapters.get(name, name))
+            if served is None:
+                raise EndpointRejectedError(f"{self.name} has no LoRA adapter {name!r}")
+            scales[served] = float(scale)
+        return [{"id": i, "scale": scale} for i, scale in sorted(scales.items())]
+
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         import httpx
 
-        body = self.body(request)
+        lora_ids = None
+        if self.settings.lora == "llama.cpp":
+            lora_ids = await self.lora_ids()
+            named = {self.settings.adapters.get(n, n) for n in request.adapters}
+            if not named <= lora_ids.keys():
+                lora_ids = await self.lora_ids(refresh=True)  # loaded since it was asked
+        body = self.body(request, lora_ids)
         cfg = self.settings
         start = time.monotonic()
         wait = max(cfg.first_token_timeout_s, cfg.token_timeout_s)
