@@ -159,8 +159,9 @@ def test_ctrl_c_cuts_the_npc_off_and_the_chat_goes_on() -> None:
         proc.stdin.flush()
         seen = b""
         deadline = time.monotonic() + 120
-        # Wait until the reply has started streaming, then interrupt it.
-        while b"Barkeep: " not in seen or seen.endswith(b"Barkeep: "):
+        # Interrupt the turn once it has begun (the NPC's name is printed as it starts): a
+        # short reply can stream whole faster than a signal after its first words arrives.
+        while b"Barkeep: " not in seen:
             assert time.monotonic() < deadline, seen
             ready, _, _ = select.select([proc.stdout], [], [], 5)
             if ready:
