@@ -163,9 +163,11 @@ e2e: setup
 # and PostgreSQL of the tests, voice.py the speech extra, peft_batch.py the train extra.
 BENCH_RESULTS ?= build/bench
 bench: export MYTHIC_BENCH_RESULTS = $(abspath $(BENCH_RESULTS))
-bench: setup
+bench: setup llama-server
 	$(PY) bench/engine_single.py --runs 2
 	$(PY) bench/engine_concurrency.py --quick
+	$(PY) bench/vs_llama_server.py --quick --skip-zone
+	$(PY) bench/memory_footprint.py --no-voice --npcs 1
 	$(PY) bench/llama_build.py --runs 2
 	$(PY) bench/threads.py --runs 1
 	$(PY) bench/adapters.py --quick
