@@ -159,13 +159,15 @@ def test_ctrl_c_cuts_the_npc_off_and_the_chat_goes_on() -> None:
         proc.stdin.flush()
         seen = b""
         deadline = time.monotonic() + 120
-        # Interrupt the turn once it has begun (the NPC's name is printed as it starts): a
-        # short reply can stream whole faster than a signal after its first words arrives.
+        # Interrupt the turn once it is under way (the NPC's name is printed, and flushed, as
+        # it begins; its reply is a few seconds long): a short reply can stream whole faster
+        # than a signal sent after its first words arrives.
         while b"Barkeep: " not in seen:
             assert time.monotonic() < deadline, seen
             ready, _, _ = select.select([proc.stdout], [], [], 5)
             if ready:
                 seen += os.read(proc.stdout.fileno(), 4096)
+        time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(b"Thanks.\n/quit\n", timeout=120)
     finally:

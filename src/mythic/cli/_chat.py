@@ -112,6 +112,7 @@ def _converse(played: _InProcess, name: str, archetype: str, say: list[str] | No
         if not interactive:
             out.print(f"> {line}")
         out.print(f"{name}: ", end="")
+        out.file.flush()  # the turn has begun: a program reading the pipe sees it now
         try:
             played.say(line, _show)
         except PlayerInputError as exc:
