@@ -37,6 +37,7 @@ from mythic.route import (
     BreakerState,
     Endpoint,
     EndpointError,
+    EndpointRejectedError,
     NoEndpointError,
     OpenAIEndpoint,
     Router,
@@ -348,6 +349,25 @@ async def test_a_remote_reply_counts_the_tokens_its_server_reports(
     assert seen[0]["stream_options"] == {"include_usage": True}
     assert done.text == "Evening, friend." and done.finish_reason == "stop"
     assert (done.tokens, done.prompt_tokens) == (tokens, prompt_tokens)
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [(200, "not json"), (200, '{"id": 0}'), (500, "[]"), (200, '[{"id": "zero"}]')],
+    ids=["not-json", "not-a-list", "server-error", "no-usable-entry"],
+)
+async def test_llama_server_adapters_that_cannot_be_read_are_a_typed_error(
+    status: int, body: str
+) -> None:
+    def serve(call: httpx.Request) -> httpx.Response:
+        assert call.url.path == "/lora-adapters"  # no completion is sent without the ids
+        return httpx.Response(status, text=body)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(serve)) as client:
+        settings = EndpointSettings(model="m", url="http://gpu-a/v1", lora="llama.cpp")
+        endpoint = OpenAIEndpoint("gpu-a", settings, client=client)
+        with pytest.raises((EndpointError, EndpointRejectedError)):
+            _ = [d async for d in endpoint.stream(request(adapters={"vampire": 1.0}))]
 
 
 def test_canned_lines_are_in_character_and_stable() -> None:
