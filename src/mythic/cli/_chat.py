@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Annotated, Any
@@ -111,9 +112,9 @@ def _converse(played: _InProcess, name: str, archetype: str, say: list[str] | No
             break
         if not interactive:
             out.print(f"> {line}")
-        out.print(f"{name}: ", end="")
-        out.file.flush()  # the turn has begun: a program reading the pipe sees it now
         try:
+            out.print(f"{name}: ", end="")
+            out.file.flush()  # the turn has begun: a program reading the pipe sees it now
             played.say(line, _show)
         except PlayerInputError as exc:
             out.print()
@@ -136,6 +137,17 @@ def _show(piece: str) -> None:
     out.file.flush()
 
 
+@dataclass(slots=True)
+class _Turn:
+    """One line said in an in-process chat, and the reply's pieces for the terminal."""
+
+    line: str
+    pieces: SimpleQueue[str | BaseException | None] = field(default_factory=SimpleQueue)
+    """Reply text, then None (the end) or the error the reply raised."""
+    task: asyncio.Task[None] | None = None
+    """The reply's task on the chat's loop, once it is created."""
+
+
 class _InProcess:
     """A chat (`open_chat`) played on an event loop in a thread of its own, so that the
     terminal's main thread reads lines and takes Ctrl-C as a plain program does."""
@@ -153,8 +165,6 @@ class _InProcess:
         self._thread.start()
         self._ready: Future[Chat] = Future()
         self._closing = asyncio.Event()
-        self._replying: asyncio.Task[None] | None = None
-        """The reply being streamed (the last one)."""
         self._ended = asyncio.run_coroutine_threadsafe(self._host(opened), self._loop)
         either: list[Future[Any]] = [self._ready, self._ended]
         concurrent.futures.wait(either, return_when="FIRST_COMPLETED")
@@ -167,23 +177,28 @@ class _InProcess:
             self._ready.set_result(chat)
             await self._closing.wait()
 
-    def _relay(self, line: str, pieces: SimpleQueue[str | BaseException | None]) -> None:
-        """On the loop: stream the reply to `line` into `pieces`, ended by None or the error
-        the reply raised (also when cut off before it began)."""
+    def _relay(self, turn: _Turn) -> None:
+        """On the loop: stream the reply to the turn's line into its pieces, ended by None or
+        the error the reply raised (also when cut off before it began)."""
 
         def ended(task: asyncio.Task[None]) -> None:
-            pieces.put(None if task.cancelled() else task.exception())
+            turn.pieces.put(None if task.cancelled() else task.exception())
 
-        self._replying = self._loop.create_task(self._stream(line, pieces))
-        self._replying.add_done_callback(ended)
+        turn.task = self._loop.create_task(self._stream(turn))
+        turn.task.add_done_callback(ended)
 
-    async def _stream(self, line: str, pieces: SimpleQueue[str | BaseException | None]) -> None:
-        async for piece in self._chat.say(line):
-            pieces.put(piece)
+    async def _stream(self, turn: _Turn) -> None:
+        async for piece in self._chat.say(turn.line):
+            turn.pieces.put(piece)
 
-    def _cut_off(self) -> None:
-        if self._replying is not None:
-            self._replying.cancel()
+    @staticmethod
+    def _cut_off(turn: _Turn) -> None:
+        """On the loop: cut the turn off. Its relay was scheduled before this (the loop runs
+        callbacks in order), unless Ctrl-C came before it could be: then the turn ends here."""
+        if turn.task is not None:
+            turn.task.cancel()
+        else:
+            turn.pieces.put(None)
 
     def say(self, line: str, show: Callable[[str], None]) -> None:
         """Say `line` and `show` the reply piece by piece, on the calling thread.
@@ -193,15 +208,17 @@ class _InProcess:
             PlayerInputError: the line cannot be used.
             MythicError: no model could answer.
         """
-        pieces: SimpleQueue[str | BaseException | None] = SimpleQueue()
-        self._loop.call_soon_threadsafe(self._relay, line, pieces)
+        turn = _Turn(line)
         try:
-            while isinstance(piece := pieces.get(), str):
+            self._loop.call_soon_threadsafe(self._relay, turn)
+            while isinstance(piece := turn.pieces.get(), str):
                 show(piece)
         except KeyboardInterrupt:
-            # Leaving the reply's stream cuts the NPC off; wait until it has stopped.
-            self._loop.call_soon_threadsafe(self._cut_off)
-            while isinstance(pieces.get(), str):
+            # Ctrl-C may come at any moment, even before the turn's task exists. Leaving the
+            # reply's stream cuts the NPC off; wait until it has stopped, so that the next
+            # line's turn never runs beside this one.
+            self._loop.call_soon_threadsafe(self._cut_off, turn)
+            while isinstance(turn.pieces.get(), str):
                 pass
             raise
         if piece is not None:
