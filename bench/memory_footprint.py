@@ -9,7 +9,8 @@ libraries (torch, onnxruntime, llama.cpp...), other files, and anonymous memory 
 the KV memory llama.cpp reserves, PyTorch's tensors, Python's objects). Beside it, what the
 engine settings reserve for KV: `n_ctx x max_sequences` cells of each model at its bytes a
 cell (from its GGUF: layers x KV heads x head size x 2 (K and V) x 2 bytes, f16), and the bytes
-one active NPC's full context takes. Writes bench/results/memory_footprint.json.
+one active NPC's full context takes. Writes bench/results/memory_footprint.json
+(memory_footprint_no_voice.json with --no-voice).
 
     .venv/bin/python bench/memory_footprint.py [--npcs 3] [--no-voice]
 
@@ -37,9 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from _results import write_results  # noqa: E402
-from mythic.config import load_settings  # noqa: E402
+from mythic.config import effective_route, load_settings  # noqa: E402
 from mythic.engine._gguf import read_gguf_info  # noqa: E402
 from mythic.engine.models import ModelStore  # noqa: E402
+from mythic.route import engine_sizes  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "memory_footprint.json"
 WORLD = ROOT / "examples" / "worlds" / "ravenmoor"
@@ -51,6 +53,17 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _role(pid: int) -> str:
+    """A process by what it runs: its command line, shortened, and its pid."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            args = cmdline.read().decode(errors="replace").split("\0")
+    except OSError:
+        return str(pid)
+    words = [a for a in args[1:] if a][:4]
+    return f"{' '.join(words)[:60]} ({pid})"
 
 
 def _tree(pid: int) -> list[int]:
@@ -156,6 +169,7 @@ def main() -> None:
                 http.post(f"/v1/npcs/{npc}/say", json={"text": LINE}).raise_for_status()
         pids = _tree(proc.pid)
         groups, per_pid = _rss_by_group(pids)
+        roles = {pid: _role(pid) for pid in pids}
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -163,15 +177,16 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
     engine = settings.engine
-    kv = [
-        _kv(engine.dialogue_model, engine.n_ctx, engine.max_sequences),
-        _kv(engine.intent_model, engine.n_ctx, engine.max_sequences),
-    ]
+    # Each embedded model's engine as the server sized it (the gold endpoint's is smaller).
+    sizes = engine_sizes(effective_route(settings).endpoints.values(), engine)
+    kv = [_kv(model, size["n_ctx"], size["max_sequences"]) for model, size in sizes.items()]
     total_mb = sum(groups.values()) / 1024
     rows = sorted(groups.items(), key=lambda kv: -kv[1])
     print(f"{'resident memory of the server and its workers':<60} {total_mb:8.0f} MB")
     for name, kb in rows:
         print(f"  {name:<58} {kb / 1024:8.0f} MB")
+    for pid, kb in per_pid.items():
+        print(f"  process {roles[pid]:<50} {kb / 1024:8.0f} MB")
     for k in kv:
         print(
             f"KV reserved for {k['model']}: {k['reserved_mb']:.0f} MB "
@@ -180,13 +195,13 @@ def main() -> None:
         )
     print(f"target: <= {TARGET_MB} MB: {'met' if total_mb <= TARGET_MB else 'not met'}")
     write_results(
-        RESULTS,
+        RESULTS if not args.no_voice else RESULTS.with_name("memory_footprint_no_voice.json"),
         ROOT,
         results={
             "total_mb": total_mb,
             "target_mb": TARGET_MB,
             "processes": len(pids),
-            "per_process_mb": {str(pid): kb / 1024 for pid, kb in per_pid.items()},
+            "per_process_mb": {roles[pid]: kb / 1024 for pid, kb in per_pid.items()},
             "groups_mb": {name: kb / 1024 for name, kb in rows},
             "ready_before_turns_mb": sum(ready_groups.values()) / 1024,
             "kv": kv,
@@ -194,7 +209,7 @@ def main() -> None:
         world=WORLD.name,
         voice=not args.no_voice,
         npcs_talked=args.npcs,
-        engine={"n_ctx": engine.n_ctx, "max_sequences": engine.max_sequences},
+        engines=sizes,
     )
 
 

@@ -245,6 +245,23 @@ def _memory_rows() -> Iterator[SummaryRow]:
     )
 
 
+def _footprint_rows() -> Iterator[SummaryRow]:
+    for name, label in (
+        ("memory_footprint_no_voice.json", "voice off"),
+        ("memory_footprint.json", "voice on"),
+    ):
+        res = _load(name)["results"]
+        total, target = res["total_mb"], res["target_mb"]
+        yield SummaryRow(
+            f"server memory, example world, default models, {label}",
+            f"{total:,.0f} MB resident",
+            f"the target, {target:,} MB",
+            _x(total / target),
+            _verdict(f"<= {target:,} MB", total <= target),
+            name,
+        )
+
+
 def _retrieval_rows() -> Iterator[SummaryRow]:
     data = _load("retrieval.json")
     size = max(data["results"]["sizes"], key=lambda s: s["chunks"])
@@ -331,6 +348,7 @@ SUMMARY: tuple[Callable[[], Iterator[SummaryRow]], ...] = (
     _engine_rows,
     _server_rows,
     _memory_rows,
+    _footprint_rows,
     _retrieval_rows,
     _moves_rows,
     _voice_rows,
@@ -564,6 +582,44 @@ def _memory() -> str:
         f"at p95 ({prefetch}: {_ms(res['warm']['redis_p95_ms'])}); a turn's memory work as fast "
         f"with the archiver as without, {_x(target['turns_on_off'])} ({verdict}: {_x(ratio)}).\n\n"
         + _source("memory.json", data)
+    )
+
+
+def _footprint() -> str:
+    rows = []
+    for name, label in (
+        ("memory_footprint.json", "voice on (`make run`)"),
+        ("memory_footprint_no_voice.json", "voice off"),
+    ):
+        res = _load(name)["results"]
+        processes = sorted(res["per_process_mb"].values(), reverse=True)
+        workers = sum(processes[1:])
+        rows.append(
+            [
+                f"{label}: server and workers",
+                f"{res['total_mb']:,.0f} MB",
+                f"server {processes[0]:,.0f} MB"
+                + (f", {len(processes) - 1} speech workers {workers:,.0f} MB" if workers else ""),
+                _x(res["total_mb"] / res["target_mb"]),
+                _verdict(f"<= {res['target_mb']:,} MB", res["total_mb"] <= res["target_mb"]),
+            ]
+        )
+    data = _load("memory_footprint.json")
+    for kv in data["results"]["kv"]:
+        rows.append(
+            [
+                f"KV of `{kv['model']}`",
+                f"{kv['reserved_mb']:,.0f} MB",
+                f"{kv['sequences']} sequences x {kv['bytes_per_npc_context'] / 2**20:.1f} MB "
+                f"(one NPC's full context; {kv['bytes_per_token'] / 1024:.1f} KB a token)",
+                "",
+                "",
+            ]
+        )
+    return (
+        _table(["measure", "resident", "of which", "x target", "target"], rows)
+        + "\n"
+        + _source("memory_footprint.json", data)
     )
 
 
@@ -849,6 +905,7 @@ PERFORMANCE_TABLES: dict[str, Callable[[], str]] = {
     "server_load": _server_load,
     "memory": _memory,
     "retrieval": _retrieval,
+    "footprint": _footprint,
     "tiers": _tiers,
     "adapters": _adapters,
     "moves": _moves,

@@ -65,6 +65,35 @@ def test_default_routing_table() -> None:
         policy.decide("poetry")
 
 
+def test_the_gold_engine_is_sized_for_decisions_and_endpoints_on_one_model_share_the_largest() -> (
+    None
+):
+    from mythic.config._mythic import GOLD_N_CTX, GOLD_SEQUENCES
+    from mythic.route import engine_sizes
+
+    settings = MythicSettings()
+    engine = settings.engine
+    sizes = engine_sizes(effective_route(settings).endpoints.values(), engine)
+    assert sizes[engine.intent_model] == {"n_ctx": GOLD_N_CTX, "max_sequences": GOLD_SEQUENCES}
+    assert sizes[engine.dialogue_model] == {
+        "n_ctx": engine.n_ctx,
+        "max_sequences": engine.max_sequences,
+    }
+    # Gold on the dialogue model: one engine, which keeps the dialogue tier's size.
+    same = MythicSettings(engine={"intent_model": engine.dialogue_model})
+    sizes = engine_sizes(effective_route(same).endpoints.values(), same.engine)
+    assert sizes == {engine.dialogue_model: {"n_ctx": 2048, "max_sequences": 16}}
+    # A prompt longer than gold's engine holds goes to silver even when a rule says gold.
+    policy = TierPolicy(
+        effective_route(route_settings(rules=[{"tier": "gold", "kinds": ["dialogue"]}]))
+    )
+    assert policy.decide("dialogue", context_tokens=200).tier == "gold"
+    assert policy.decide("dialogue", context_tokens=GOLD_N_CTX).tier == "silver"
+    # Sizes are the embedded engine's: a remote endpoint with them is refused, by name.
+    with pytest.raises(ValueError, match="n_ctx and max_sequences size an embedded engine"):
+        EndpointSettings(model="m", url="http://10.0.0.9:8000/v1", n_ctx=1024)
+
+
 def test_rules_match_archetype_deadline_cost_and_context_size() -> None:
     settings = route_settings(
         endpoints={"big": {"model": "m", "url": "http://10.0.0.9:8000/v1"}},

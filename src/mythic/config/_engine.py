@@ -48,8 +48,11 @@ class EngineSettings(Section):
     seed: int = Field(default=-1, ge=-1)
     """Sampling seed; -1 picks a random one."""
 
-    max_sequences: int = Field(default=32, ge=2, le=256)
-    """Sequences held in the shared KV memory: active NPC sessions plus cached prefixes."""
+    max_sequences: int = Field(default=16, ge=2, le=256)
+    """Sequences held in the KV memory: active NPC sessions plus cached prefixes. A session
+    evicted for another is parked in host memory (`park_mb`) and loaded back when its NPC
+    speaks again. 16 holds the example world's 8 NPCs, their shared prompt starts and gold's
+    reserve (Qwen 0.5B at 2048 tokens: 384 MB); raise it for many NPCs speaking at once."""
 
     n_batch: int = Field(default=512, ge=32, le=8192)
     """Tokens evaluated per model step, all sequences together."""

@@ -87,6 +87,14 @@ class MythicSettings(BaseSettings):
         return (init_settings, env_settings, file_settings)
 
 
+GOLD_N_CTX = 1024
+"""Context of a sequence on the default gold endpoint: an intent prompt is about 200 tokens,
+400 with a long scene and context."""
+GOLD_SEQUENCES = 8
+"""Sequences of the default gold endpoint's engine: decisions are short and many NPCs take
+turns on them (SmolLM2-135M at 1024 tokens: 184 MB of KV, against 1,440 MB at the dialogue
+engine's 32 x 2048)."""
+
 DEFAULT_KIND_TIERS: dict[str, str] = {
     "intent": "gold",
     "bark": "gold",
@@ -106,13 +114,24 @@ def effective_route(settings: MythicSettings) -> RouteSettings:
     route = settings.route
     engine = settings.engine
     endpoints = {
-        "embedded-gold": EndpointSettings(model=engine.intent_model),
+        # Intents and barks: a persona and a scene (about 200 tokens) and a few JSON tokens;
+        # the intent model's KV (22.5 KB a token on SmolLM2) is sized for that, not for a
+        # conversation (`GOLD_N_CTX`).
+        "embedded-gold": EndpointSettings(
+            model=engine.intent_model, n_ctx=GOLD_N_CTX, max_sequences=GOLD_SEQUENCES
+        ),
         "embedded-silver": EndpointSettings(model=engine.dialogue_model),
         "embedded-bronze": EndpointSettings(model=engine.bronze_model),
     }
     tiers = {
         "gold": TierSettings(
-            endpoints=["embedded-gold"], max_batch=64, max_tokens=64, retrieval=False
+            endpoints=["embedded-gold"],
+            max_batch=64,
+            max_tokens=64,
+            retrieval=False,
+            # Its engine's context is GOLD_N_CTX: a longer prompt (a rule sending dialogue
+            # to gold by deadline) goes to the next tier up; a quarter kept for the estimate.
+            max_context_tokens=GOLD_N_CTX * 3 // 4,
         ),
         "silver": TierSettings(endpoints=["embedded-silver"], tools=True),
         "bronze": TierSettings(

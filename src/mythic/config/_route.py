@@ -60,6 +60,22 @@ class EndpointSettings(Section):
     with its scale; the others are sent at scale 0."""
     health_path: str = "/models"
     """Polled under `url` to tell whether the server is up."""
+    n_ctx: int | None = Field(default=None, ge=256, le=131072)
+    """Embedded only: the context of one sequence on this endpoint's engine (default:
+    `engine.n_ctx`). Endpoints on one model share its engine, which takes the largest."""
+    max_sequences: int | None = Field(default=None, ge=2, le=256)
+    """Embedded only: the sequences this endpoint's engine holds (default:
+    `engine.max_sequences`); shared as `n_ctx` is. KV memory is reserved for `n_ctx x
+    max_sequences` cells at load."""
+
+    @model_validator(mode="after")
+    def _sizes_are_embedded(self) -> EndpointSettings:
+        if self.url is not None and (self.n_ctx is not None or self.max_sequences is not None):
+            raise ValueError(
+                "n_ctx and max_sequences size an embedded engine; a remote endpoint (url) "
+                "is sized by its own server"
+            )
+        return self
 
 
 class TierSettings(Section):

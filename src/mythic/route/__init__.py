@@ -6,7 +6,7 @@ Importing this package loads no model and opens no connection.
 """
 
 from mythic.route._breaker import Breaker, BreakerState
-from mythic.route._build import local_router, open_router, resolve_model
+from mythic.route._build import engine_sizes, local_router, open_router, resolve_model
 from mythic.route._canned import CANNED_LINES, canned_line
 from mythic.route._endpoints import (
     EmbeddedEndpoint,
@@ -36,6 +36,7 @@ __all__ = [
     "UnknownKindError",
     "Usage",
     "canned_line",
+    "engine_sizes",
     "local_router",
     "open_router",
     "resolve_model",

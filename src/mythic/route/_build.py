@@ -4,7 +4,7 @@ over HTTP."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from mythic.config import EndpointSettings, EngineSettings, MythicSettings, effective_route
 from mythic.engine import PACKAGED_MODELS, Engine, ModelStore
@@ -26,6 +26,24 @@ def resolve_model(model: str, engine: EngineSettings) -> str:
     return engine.dialogue_model
 
 
+def engine_sizes(
+    endpoints: Iterable[EndpointSettings], engine: EngineSettings
+) -> dict[str, dict[str, int]]:
+    """`n_ctx` and `max_sequences` of each embedded model's engine: the largest its endpoints
+    ask for, an endpoint that sets neither asking for the engine settings' own."""
+    sizes: dict[str, dict[str, int]] = {}
+    for endpoint in endpoints:
+        if endpoint.url is not None:
+            continue
+        size = sizes.setdefault(resolve_model(endpoint.model, engine), {})
+        for key, value, default in (
+            ("n_ctx", endpoint.n_ctx, engine.n_ctx),
+            ("max_sequences", endpoint.max_sequences, engine.max_sequences),
+        ):
+            size[key] = max(size.get(key, 0), default if value is None else value)
+    return sizes
+
+
 def open_router(
     settings: MythicSettings, *, engines: Mapping[str, Engine] | None = None
 ) -> tuple[Router, list[Engine]]:
@@ -42,6 +60,7 @@ def open_router(
     loaded: dict[str, Engine] = dict(engines or {})
     owned: list[Engine] = []
     endpoints: dict[str, Endpoint] = {}
+    sizes = engine_sizes(route.endpoints.values(), settings.engine)
     try:
         for name, endpoint in route.endpoints.items():
             if endpoint.url is not None:
@@ -51,7 +70,7 @@ def open_router(
             engine = loaded.get(model)
             if engine is None:
                 log.info("loading %s for endpoint %s", model, name)
-                engine = Engine.load(settings.engine, model)
+                engine = Engine.load(settings.engine.model_copy(update=sizes[model]), model)
                 loaded[model] = engine
                 owned.append(engine)
             endpoints[name] = EmbeddedEndpoint(name, endpoint, engine)
