@@ -13,7 +13,9 @@ and one process:
    no adapter (the baseline), 1 adapter set, or 2 or 5 sets assigned round-robin. Generated
    tokens/s, requests/s, time to first token p50/p95, and from the engine's counters adapter
    switches/s and decode calls per round. Prefix sharing is off, so every mix evaluates the
-   same prompt tokens.
+   same prompt tokens. The sets take turns of `--quantum` steps (engine.adapter_quantum_steps),
+   and, interleaved in the same engine, mixes of several sets also run at quantum 0 (every set
+   advances every step, one call and one switch each: the engine before turns).
 
 The adapters are random (seeded) rank `--rank` LoRAs on the projections `mythic train adapter`
 trains (`--targets`), or trained ones (`--adapter PATH`, repeatable; random ones fill up to 5).
@@ -23,7 +25,7 @@ and "x none" is the median of each repeat's ratio against the baseline of the sa
 Writes bench/results/adapters.json.
 
     .venv/bin/python bench/adapters.py [--model smollm2-135m-instruct] [--requests 8]
-        [--tokens 32] [--repeats 3] [--threads N] [--adapter PATH ...] [--quick]
+        [--tokens 32] [--repeats 3] [--threads N] [--adapter PATH ...] [--quantum 8] [--quick]
 """
 
 from __future__ import annotations
@@ -317,21 +319,41 @@ async def mix_round(
 
 
 async def throughput(
-    settings: EngineSettings, model: str, names: list[str], requests: int, tokens: int, repeats: int
+    settings: EngineSettings,
+    model: str,
+    names: list[str],
+    requests: int,
+    tokens: int,
+    repeats: int,
 ) -> list[dict[str, Any]]:
-    runs: dict[int, list[dict[str, Any]]] = {sets: [] for sets in MIXES}
+    """Each mix at the configured adapter quantum and, for mixes of several sets, at 0 (every
+    set every step: the engine before turns), all in one engine and interleaved, so that the
+    machine's noise falls on both alike."""
+    quantum = settings.adapter_quantum_steps
+    configs = [(sets, quantum) for sets in MIXES]
+    if quantum:
+        configs += [(sets, 0) for sets in MIXES if sets > 1]
+    runs: dict[tuple[int, int], list[dict[str, Any]]] = {c: [] for c in configs}
     async with Engine.load(settings, model) as engine:
         for sets in MIXES:  # warm-up: each adapter set's graph, the allocator
             await mix_round(engine, names, sets, requests, tokens, f"warm{sets}")
         for r in range(repeats):
-            for i in range(len(MIXES)):
-                sets = MIXES[(i + r) % len(MIXES)]
-                runs[sets].append(
-                    await mix_round(engine, names, sets, requests, tokens, f"{r}-{sets}")
+            for i in range(len(configs)):
+                sets, q = configs[(i + r) % len(configs)]
+                # A bench of two scheduler settings on one loaded engine: the quantum is read
+                # at every step, so setting it between rounds is safe.
+                engine._scheduler.config.adapter_quantum = q
+                runs[(sets, q)].append(
+                    await mix_round(engine, names, sets, requests, tokens, f"{r}-{sets}-{q}")
                 )
+        engine._scheduler.config.adapter_quantum = quantum
     rows = []
-    for sets in MIXES:
-        row: dict[str, Any] = {"sets": sets, "sets_used": min(max(1, sets), requests)}
+    for sets, q in configs:
+        row: dict[str, Any] = {
+            "sets": sets,
+            "quantum": q,
+            "sets_used": min(max(1, sets), requests),
+        }
         for field in (
             "tok_s",
             "req_s",
@@ -341,11 +363,16 @@ async def throughput(
             "tokens",
             "decode_calls",
         ):
-            row[field] = statistics.median(run[field] for run in runs[sets])
+            row[field] = statistics.median(run[field] for run in runs[(sets, q)])
+        none = runs[(0, quantum)]
         row["x_none"] = statistics.median(
-            run["tok_s"] / base["tok_s"] for run, base in zip(runs[sets], runs[0], strict=True)
+            run["tok_s"] / base["tok_s"] for run, base in zip(runs[(sets, q)], none, strict=True)
         )
-        row["runs"] = runs[sets]
+        one = runs[(1, quantum)]
+        row["x_one_set"] = statistics.median(
+            run["tok_s"] / base["tok_s"] for run, base in zip(runs[(sets, q)], one, strict=True)
+        )
+        row["runs"] = runs[(sets, q)]
         rows.append(row)
     return rows
 
@@ -377,16 +404,18 @@ def print_tables(out: dict[str, Any], requests: int, tokens: int) -> None:
         )
     print(f"\nthroughput, {requests} concurrent requests of {tokens} tokens (medians)")
     header = (
-        f"{'mix':<8}{'tokens':>7}{'tok/s':>8}{'req/s':>7}{'TTFT p50':>10}{'TTFT p95':>10}"
-        f"{'switch/s':>10}{'calls':>7}{'x none':>8}"
+        f"{'mix':<8}{'turns':>7}{'tokens':>7}{'tok/s':>8}{'req/s':>7}{'TTFT p50':>10}"
+        f"{'TTFT p95':>10}{'switch/s':>10}{'calls':>7}{'x none':>8}{'x 1 set':>9}"
     )
     print(header)
     print("-" * len(header))
     for r in out["throughput"]:
+        turns = f"{r['quantum']}" if r["sets"] > 1 else "-"
         print(
-            f"{mix_label(r['sets']):<8}{r['tokens']:>7.0f}{r['tok_s']:>8.1f}{r['req_s']:>7.2f}"
-            f"{r['ttft_p50_ms']:>10.0f}{r['ttft_p95_ms']:>10.0f}{r['switches_s']:>10.1f}"
-            f"{r['decode_calls']:>7.0f}{r['x_none']:>8.2f}"
+            f"{mix_label(r['sets']):<8}{turns:>7}{r['tokens']:>7.0f}{r['tok_s']:>8.1f}"
+            f"{r['req_s']:>7.2f}{r['ttft_p50_ms']:>10.0f}{r['ttft_p95_ms']:>10.0f}"
+            f"{r['switches_s']:>10.1f}{r['decode_calls']:>7.0f}{r['x_none']:>8.2f}"
+            f"{r['x_one_set']:>9.2f}"
         )
 
 
@@ -403,6 +432,13 @@ def main() -> None:
         "--targets",
         default=",".join(TARGETS),
         help=f"projections the random adapters adapt, among {','.join(TARGETS)}",
+    )
+    parser.add_argument(
+        "--quantum",
+        type=int,
+        default=EngineSettings().adapter_quantum_steps,
+        help="engine.adapter_quantum_steps: steps one adapter set runs before the next takes "
+        "its turn; mixes of several sets also run at 0 (every set every step) beside it",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: small settings")
     args = parser.parse_args()
@@ -432,8 +468,12 @@ def run(args: argparse.Namespace, targets: list[str], folder: Path) -> None:
                 "adapters": adapters,
                 "n_threads": args.threads,
                 "max_sequences": max(32, args.requests + 4),
+                "adapter_quantum_steps": args.quantum,
                 # No prefix sharing: it is keyed by adapter set, so it would favour some mixes.
                 "prefix_min_tokens": 10**6,
+                # Each round's NPCs are new: earlier rounds' sessions are evicted, not parked
+                # (saving them is not what this measures, and would fall on some rounds).
+                "park_mb": 0,
             }
         )
     )
@@ -453,6 +493,7 @@ def run(args: argparse.Namespace, targets: list[str], folder: Path) -> None:
         ROOT,
         results=out,
         benchmark="adapters",
+        adapter_quantum_steps=args.quantum,
         baseline="no adapter (mix 'none'), same engine, same run",
         model=args.model,
         requests=args.requests,

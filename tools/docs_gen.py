@@ -677,19 +677,23 @@ def _adapters() -> str:
     rows = []
     for t in res["throughput"]:
         step = steps.get(t["sets"])
+        quantum = t.get("quantum", 0)
+        turns = "-" if t["sets"] < 2 else (f"{quantum} steps" if quantum else "every step")
         rows.append(
             [
                 names.get(t["sets"], f"{t['sets']} sets"),
-                _ms(step["ms_p50"]) if step else "-",
-                _x(step["x_none"]) if step else "-",
+                turns,
+                _ms(step["ms_p50"]) if step and (t["sets"] < 2 or not quantum) else "-",
+                _x(step["x_none"]) if step and (t["sets"] < 2 or not quantum) else "-",
                 f"{t['tok_s']:.1f}",
                 _x(t["x_none"]),
                 _ms(t["ttft_p50_ms"]),
+                _ms(t["ttft_p95_ms"]),
                 f"{t['switches_s']:.1f}",
             ]
         )
-    header = ["adapter sets", "decode step of 8 (p50)", "vs none", "tok/s", "vs none"]
-    header += ["TTFT p50", "switches/s"]
+    header = ["adapter sets", "turns", "decode step of 8, one call a set (p50)", "vs none"]
+    header += ["tok/s", "vs none", "TTFT p50", "TTFT p95", "switches/s"]
     memory = res["memory"]
     return (
         f"Model {data['model']}, {data['requests']} requests of {data['tokens']} tokens; "

@@ -1158,3 +1158,47 @@ def test_metrics_report_what_happened(smollm: Engine) -> None:
     assert m.tokens_per_s > 0
     assert m.kv_capacity == smollm.backend.n_ctx
     assert json.dumps(m.batch_sizes)
+
+
+def test_a_decode_step_with_gaps_between_its_ids_fills_them_and_changes_nothing(
+    settings: MythicSettings,
+) -> None:
+    """NPCs 0 and 3 decoding while 1 and 2 sit idle between them: the backend adds a stand-in
+    token for 1 and 2 so that the step is one pass (`_gap_pads`), and drops it after. The
+    decoding NPCs' logits are those of steps without the stand-ins (batch-invariant
+    kernels), and the idle NPCs hold exactly what they held: their next token is the same."""
+    import numpy as np
+
+    from mythic.engine import load_backend
+    from mythic.engine._llamacpp import _floats
+
+    engine_settings = settings.engine.model_copy(update={"batch_invariant": True})
+    backend = load_backend("smollm2-135m-instruct", engine_settings, n_seq_max=6)
+    assert isinstance(backend, LlamaCppBackend)
+
+    def logits(index: int) -> np.ndarray:
+        return np.array(
+            _floats(backend._lib.llama_get_logits_ith(backend._ctx, index), backend.n_vocab)
+        )
+
+    prompts = [backend.tokenize(q, add_special=True, parse_special=False) for q in QUESTIONS[:4]]
+    try:
+        for seq, prompt in enumerate(prompts):
+            backend.decode([SequenceChunk(seq, prompt[:-1], 0, False)])
+        last = [SequenceChunk(seq, [p[-1]], len(p) - 1, True) for seq, p in enumerate(prompts)]
+        alone = {}
+        for seq in range(4):  # each on its own, then rolled back
+            (index,) = backend.decode([last[seq]])
+            alone[seq] = logits(index)
+            backend.seq_remove(seq, last[seq].pos)
+        before = backend.gap_pads
+        outputs = backend.decode([last[3], last[0]])
+        assert backend.gap_pads == before + 2  # 1 and 2 stood in: one pass, not two
+        for seq, index in zip((3, 0), outputs, strict=True):
+            assert np.abs(logits(index) - alone[seq]).max() < 1e-4
+        for seq in (1, 2):
+            assert backend.seq_length(seq) == len(prompts[seq]) - 1  # nothing left behind
+            (index,) = backend.decode([last[seq]])
+            assert np.abs(logits(index) - alone[seq]).max() < 1e-4
+    finally:
+        backend.close()

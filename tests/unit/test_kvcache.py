@@ -123,6 +123,29 @@ def test_idle_sequences_are_evicted_least_recently_used_first() -> None:
     assert c.evictions >= 1
 
 
+def test_new_sessions_go_next_to_the_running_ones_of_their_adapter_set() -> None:
+    """The backend evaluates consecutive ids in one pass: a new NPC's sequence goes beside
+    the running sequences of its adapter set (a free id there first, else an older idle
+    entry there, evicted), and the first of a set keeps away from the others'."""
+    c, _ = cache(n_seq=12)
+    vamp = (("vampire", 1.0),)
+    for i in range(6):  # idle sessions at 0-5
+        got = c.acquire((f"old{i}", "s"), (), [i, *PROMPT])
+        evaluated(c, got, [i, *PROMPT])
+        c.release(got.seq)
+    for i in range(4):  # old0-3 used again: old4 and old5 are now the older ones
+        got = c.acquire((f"old{i}", "s"), (), [i, *PROMPT])
+        c.release(got.seq)
+    ids = {}
+    for name, key in (("a", ()), ("v1", vamp), ("b", ()), ("v2", vamp), ("c", ())):
+        ids[name] = c.acquire((name, "s"), key, [ord(name[0]), *PROMPT]).seq.seq_id
+    assert ids == {"a": 6, "v1": 8, "b": 7, "v2": 9, "c": 5}
+    assert c.placed_near == 3
+    # c took the older idle neighbour (evicted); the recently used ones are still cached.
+    assert c.acquire(("old3", "s"), (), [3, *PROMPT]).cached > 0
+    assert c.acquire(("old5", "s"), (), [5, *PROMPT]).cached == 0
+
+
 class ParkingRecorder(SeqRecorder):
     """A backend that saves a sequence as the bytes of its positions (one byte each)."""
 

@@ -301,7 +301,7 @@ def test_request_that_can_never_fit_is_refused_at_add() -> None:
 
 
 def test_sequences_are_grouped_by_adapter_set_with_gold_in_its_own_group_first() -> None:
-    sched = Scheduler()
+    sched = Scheduler(SchedulerConfig(adapter_quantum=0))  # every set every step
     vamp = (("vampire", 1.0),)
     wolf = (("werewolf", 0.5),)
     sched.add(entry(Priority.SILVER, adapters=vamp))
@@ -315,6 +315,74 @@ def test_sequences_are_grouped_by_adapter_set_with_gold_in_its_own_group_first()
     assert [b.gold for b in out.batches[1:]] == [False, False, False]
     sizes = {batch.adapter_key: len(batch.chunks) for batch in out.batches[1:]}
     assert sizes == {wolf: 1, vamp: 2, (): 1}
+
+
+def test_adapter_sets_take_turns_of_a_quantum_and_share_service_by_weight() -> None:
+    """One set per step (llama.cpp re-plans its graph at each change of set); each set keeps
+    the batch for `adapter_quantum` steps, then the least served set goes; gold runs every
+    step in its own call whatever its set; over many steps each set gets its share."""
+    sched = Scheduler(SchedulerConfig(adapter_quantum=4))
+    vamp, wolf, lich = (("vampire", 1.0),), (("werewolf", 1.0),), (("lich", 1.0),)
+    keys = {}
+    for i, key in enumerate([vamp, vamp, wolf, wolf, lich]):
+        e = entry(Priority.SILVER, adapters=key, max_tokens=500, arrival=i)
+        keys[e.request_id] = key
+        sched.add(e)
+    turns: list[tuple[tuple[str, float], ...]] = []
+    served: Counter[tuple[tuple[str, float], ...]] = Counter()
+    for n in range(60):
+        if n == 30:
+            gold = entry(Priority.GOLD, adapters=lich, max_tokens=5)
+            sched.add(gold)
+        out = step(sched)
+        silver = [b for b in out.batches if not b.gold]
+        assert len(silver) == 1  # one adapter set a step
+        turns.append(silver[0].adapter_key)  # type: ignore[arg-type]
+        for chunk in silver[0].chunks:
+            served[keys[chunk.request_id]] += chunk.n_tokens
+        if 30 <= n < 35:
+            assert out.batches[0].gold and out.batches[0].adapter_key == lich
+    # Runs of 4 steps, the sets in turn (after the first prompts).
+    runs = [len(list(group)) for _, group in itertools.groupby(turns)]
+    assert all(r <= 4 for r in runs) and sum(r == 4 for r in runs) >= len(runs) - 2
+    assert set(turns[:12]) == {vamp, wolf, lich}
+    # Each sequence gets about the same tokens: a set of two gets about twice a set of one.
+    assert served[vamp] == pytest.approx(2 * served[lich], rel=0.25)
+    assert served[wolf] == pytest.approx(served[vamp], rel=0.25)
+
+
+def test_a_set_whose_work_ends_hands_over_at_once_and_one_set_runs_every_step() -> None:
+    sched = Scheduler(SchedulerConfig(adapter_quantum=8))
+    vamp, wolf = (("vampire", 1.0),), (("werewolf", 1.0),)
+    short = entry(Priority.SILVER, adapters=vamp, max_tokens=2)
+    sched.add(short)
+    long = entry(Priority.SILVER, adapters=wolf, max_tokens=100)
+    sched.add(long)
+    seen = []
+    for _ in range(6):
+        seen.append(set(tokens_by_request(step(sched))))
+        if short.generated >= 2 and sched.get(short.request_id) is not None:
+            sched.remove(short.request_id)  # done: the engine removes a finished request
+    # The short one finishes within its turn; the other set then runs every step.
+    assert seen[-3:] == [{long.request_id}] * 3
+
+
+def test_a_set_with_a_more_urgent_npc_takes_the_turn_at_once() -> None:
+    sched = Scheduler(SchedulerConfig(adapter_quantum=16))
+    vamp, wolf = (("vampire", 1.0),), (("werewolf", 1.0),)
+    for _ in range(2):
+        sched.add(entry(Priority.SILVER, adapters=vamp))
+    step(sched)
+    step(sched)
+    on_screen = entry(Priority.SPEAKING, adapters=wolf, prompt=5)
+    sched.add(on_screen)
+    out = step(sched)
+    assert [b.adapter_key for b in out.batches] == [wolf]
+    assert tokens_by_request(out) == {on_screen.request_id: 5}
+    # Its set keeps the turn for a quantum, then the others get theirs: no starvation.
+    turns = [step(sched).batches[0].adapter_key for _ in range(60)]
+    assert turns[:15] == [wolf] * 15
+    assert turns.count(vamp) >= 12
 
 
 def test_a_mixed_adapter_backend_gets_one_call_per_class_and_each_chunk_its_set() -> None:

@@ -38,6 +38,7 @@ class EngineConfig:
                 kv_capacity=backend.n_ctx,
                 gold_kv_reserve=min(256, backend.n_ctx // 8),
                 mixed_adapters=backend.mixed_adapters,
+                adapter_quantum=s.adapter_quantum_steps,
             ),
             overflow=s.overflow,
             prefix_min_tokens=s.prefix_min_tokens,
