@@ -180,6 +180,7 @@ bench: setup llama-server
 	$(PY) bench/server_load.py --quick
 	$(PY) bench/frame.py --seconds 5 --sizes 1000 --rounds 1
 	$(PY) bench/voice.py --speakers 1 --lines 4
+	$(PY) bench/soak.py --quick --no-voice
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build/docs-site

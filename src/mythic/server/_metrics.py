@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -38,6 +39,16 @@ class _GatewayCollector(Collector):
         )
         yield GaugeMetricFamily("mythic_sessions", "sessions held", value=len(g.sessions))
         yield GaugeMetricFamily("mythic_npc_actors", "NPC actors running", value=len(g.cast.actors))
+        try:
+            tasks = len(asyncio.all_tasks())
+        except RuntimeError:  # rendered outside the server's loop
+            tasks = None
+        if tasks is not None:
+            yield GaugeMetricFamily(
+                "mythic_asyncio_tasks",
+                "asyncio tasks alive on the server's loop (a leak makes it grow: bench/soak.py)",
+                value=tasks,
+            )
         for name, doc, counter in (
             ("mythic_ws_messages_in", "messages received, by type", m.messages_in),
             ("mythic_ws_messages_out", "messages sent, by type", m.messages_out),
