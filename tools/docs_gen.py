@@ -623,6 +623,55 @@ def _footprint() -> str:
     )
 
 
+def _soak() -> str:
+    data = _load("soak.json")
+    res = data["results"]
+    samples = res["samples"]
+    rows = []
+    for s in samples:
+        if s["minute"] in (1, 2, 5) or s["minute"] % 10 == 0 or s is samples[-1]:
+            p95 = s.get("ttft_p95_s")
+            intent = s.get("intent_p95_s")
+            rows.append(
+                [
+                    str(s["minute"]),
+                    f"{s['rss_mb']:,.0f} MB",
+                    str(s["fds"]),
+                    str(s["threads"]),
+                    "-" if s["tasks"] is None else f"{s['tasks']:.0f}",
+                    f"{s['turns']} / {s['intents']} / {s['voice_turns']}",
+                    str(s["errors"]),
+                    "-" if p95 is None else f"{p95:.1f} s",
+                    "-" if intent is None else f"{intent:.1f} s",
+                ]
+            )
+    header = ["minute", "resident", "fds", "threads", "tasks", "turns / intents / voice"]
+    header += ["errors", "first token p95", "intent p95"]
+    slopes = res["slopes"]
+
+    def slope(key: str, unit: str) -> str:
+        value = slopes[key]
+        if value.get("per_minute") is None:
+            return f"{key}: -"
+        flat = value.get("flat")
+        verdict = "" if flat is None else (", flat" if flat else ", growing")
+        return f"{key} {value['per_minute']:+.2f} {unit}/min{verdict}"
+
+    events = "; ".join(f"{e['event']} at minute {e['minute']:.1f}" for e in res["events"])
+    return (
+        f"{data['minutes']} minutes, {data['talkers']} talkers, {data['npcs_extra']} more NPCs "
+        f"asked for intents at {data['intent_hz']} Hz each, voice "
+        f"{'on' if data['voice'] else 'off'}; {events}.\n\n"
+        + _table(header, rows)
+        + f"\nSlopes after minute {data['warmup_minutes']}: "
+        + ", ".join((slope("rss_mb", "MB"), slope("fds", "fds"), slope("threads", "threads")))
+        + f", {slope('tasks', 'tasks')}. Errors {res['errors']} "
+        + f"({', '.join(f'{k} {v}' for k, v in res['error_kinds'].items()) or 'none'}); "
+        + f"the server {'ran to the end' if res['server_survived'] else 'did not survive'}.\n\n"
+        + _source("soak.json", data)
+    )
+
+
 def _retrieval() -> str:
     data = _load("retrieval.json")
     budget = data["target"]["p95_ms"]
@@ -910,6 +959,7 @@ PERFORMANCE_TABLES: dict[str, Callable[[], str]] = {
     "memory": _memory,
     "retrieval": _retrieval,
     "footprint": _footprint,
+    "soak": _soak,
     "tiers": _tiers,
     "adapters": _adapters,
     "moves": _moves,

@@ -665,6 +665,13 @@ async def test_http_endpoints(server: tuple[str, Gateway]) -> None:
         # Each line answered above is counted, under the finish reason its reply gave.
         assert all(turns.get(r, 0) >= n for r, n in answered.items()), (answered, turns)
         assert "mythic_engine_tokens_per_s" in metrics
+        tasks = [
+            sample.value
+            for family in text_string_to_metric_families(metrics)
+            if family.name == "mythic_asyncio_tasks"
+            for sample in family.samples
+        ]
+        assert len(tasks) == 1 and tasks[0] >= 1  # the loop's live tasks (bench/soak.py)
 
 
 async def test_every_line_gets_one_final_delta_even_one_stopped_before_its_turn_began(
