@@ -24,7 +24,6 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _procs import free_port, process_tree  # noqa: E402
 from _results import write_results  # noqa: E402
 from mythic.config import effective_route, load_settings  # noqa: E402
 from mythic.engine._gguf import read_gguf_info  # noqa: E402
@@ -49,12 +49,6 @@ TARGET_MB = 1536
 LINE = "Evening. What news from the road?"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _role(pid: int) -> str:
     """A process by what it runs: its command line, shortened, and its pid."""
     try:
@@ -64,18 +58,6 @@ def _role(pid: int) -> str:
         return str(pid)
     words = [a for a in args[1:] if a][:4]
     return f"{' '.join(words)[:60]} ({pid})"
-
-
-def _tree(pid: int) -> list[int]:
-    """`pid` and every process under it."""
-    found, queue = [], [pid]
-    while queue:
-        current = queue.pop()
-        found.append(current)
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            children = (task / "children").read_text().split()
-            queue += [int(c) for c in children]
-    return found
 
 
 def _group(path: str) -> str:
@@ -146,7 +128,7 @@ def main() -> None:
     parser.add_argument("--no-voice", action="store_true")
     args = parser.parse_args()
     settings = load_settings()
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "mythic", "serve", "--world", str(WORLD), "--port", str(port)]
     if not args.no_voice:
         command.append("--voice")
@@ -163,11 +145,11 @@ def main() -> None:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as http:
             while http.get("/readyz").status_code != 200:
                 time.sleep(0.5)
-            ready_groups, _ = _rss_by_group(_tree(proc.pid))
+            ready_groups, _ = _rss_by_group(process_tree(proc.pid))
             npcs = [n["npc_id"] for n in http.get("/v1/npcs").json()["npcs"]][: args.npcs]
             for npc in npcs:
                 http.post(f"/v1/npcs/{npc}/say", json={"text": LINE}).raise_for_status()
-        pids = _tree(proc.pid)
+        pids = process_tree(proc.pid)
         groups, per_pid = _rss_by_group(pids)
         roles = {pid: _role(pid) for pid in pids}
     finally:

@@ -34,7 +34,6 @@ import re
 import select
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from _procs import free_port, process_tree  # noqa: E402
 from _results import pct, write_results  # noqa: E402
 from mythic.client import MythicClient  # noqa: E402
 from mythic.contracts import ToolCall, VoiceFormat  # noqa: E402
@@ -67,25 +67,6 @@ LINES = [
     "Is there work for someone like me?",
     "Thanks. Until next time.",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _tree(pid: int) -> list[int]:
-    found, queue = [], [pid]
-    while queue:
-        current = queue.pop()
-        found.append(current)
-        with contextlib.suppress(OSError):
-            for task in os.listdir(f"/proc/{current}/task"):
-                with contextlib.suppress(OSError):
-                    children = Path(f"/proc/{current}/task/{task}/children").read_text()
-                    queue.extend(int(c) for c in children.split())
-    return found
 
 
 def _process(pids: list[int]) -> dict[str, float]:
@@ -243,7 +224,7 @@ class Services:
     off the event loop)."""
 
     def __init__(self, args: argparse.Namespace, folder: Path, world: Path) -> None:
-        self.redis_port, self.port = _free_port(), _free_port()
+        self.redis_port, self.port = free_port(), free_port()
         self.redis_cmd = [
             "redis-server", "--port", str(self.redis_port), "--save", "", "--appendonly", "no"
         ]  # fmt: skip
@@ -285,7 +266,7 @@ class Services:
         self.redis = self._start_redis()
 
     def sample(self) -> dict[str, Any]:
-        return {**_process(_tree(self.server.pid)), "tasks": _tasks(self.http)}
+        return {**_process(process_tree(self.server.pid)), "tasks": _tasks(self.http)}
 
     def close(self) -> None:
         self.server.send_signal(signal.SIGINT)
