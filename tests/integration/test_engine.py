@@ -356,6 +356,33 @@ async def test_npcs_of_one_zone_arriving_together_evaluate_their_shared_start_on
     assert [c.text for c in together] == [c.text for c in alone]
 
 
+def _anonymous_kb() -> int:
+    rollup = Path("/proc/self/smaps_rollup").read_text()
+    return int(re.search(r"^Anonymous:\s+(\d+)", rollup, re.M).group(1))  # type: ignore[union-attr]
+
+
+async def test_kv_memory_becomes_resident_as_npcs_fill_it(settings: MythicSettings) -> None:
+    # llama.cpp zeroes the whole KV buffer at load, and copies whole streams between
+    # sequences: both made every NPC's full context resident at once. Handed back at load and
+    # copied cell by cell, memory follows the cells written.
+    engine = load_engine("smollm2-135m-instruct", settings, **EXACT, max_sequences=8)
+    backend = engine.backend
+    assert isinstance(backend, LlamaCppBackend)
+    stream = backend.n_ctx_seq * backend.kv_bytes_per_token
+    try:
+        assert backend.released_bytes >= backend.n_seq_max * stream // 2
+        await run(engine, ask("first", QUESTIONS[0], 4))  # the compute buffers, touched once
+        before = _anonymous_kb()
+        # Four NPCs whose prompts start alike: the start is cached once and copied to each.
+        done = await run_all(engine, [ask(f"npc{i}", QUESTIONS[i + 1], 4) for i in range(4)])
+        grown = (_anonymous_kb() - before) * 1024
+    finally:
+        await engine.aclose()
+    assert all(c.cached_tokens >= 32 for c in done)
+    # Whole streams: at least one per NPC. Their cells alone: a fraction of one.
+    assert grown < stream
+
+
 # -- DRY ------------------------------------------------------------------------------------------
 
 

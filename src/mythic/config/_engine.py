@@ -54,6 +54,12 @@ class EngineSettings(Section):
     speaks again. 16 holds the example world's 8 NPCs, their shared prompt starts and gold's
     reserve (Qwen 0.5B at 2048 tokens: 384 MB); raise it for many NPCs speaking at once."""
 
+    kv_type: Literal["f16", "q8_0"] = "f16"
+    """The type of the KV cells: `f16`, or `q8_0` (8-bit blocks: about half the KV bytes per
+    NPC, so twice the NPCs' context in the same memory). Measured on 2 CPU cores with Qwen 0.5B
+    and 8 NPCs: q8_0 cost about a quarter of the tokens/s of first turns and of follow-ups.
+    bench/vs_llama_server.py gives llama-server the same type."""
+
     n_batch: int = Field(default=512, ge=32, le=8192)
     """Tokens evaluated per model step, all sequences together."""
 

@@ -32,6 +32,7 @@ from mythic.engine._backend import (
     SequenceChunk,
 )
 from mythic.engine._errors import AdapterError, GrammarError, ModelLoadError
+from mythic.engine._pages import anonymous_regions, release_zeroed
 from mythic.engine._scheduler import AdapterKey
 from mythic.engine.models import ModelStore, ResolvedModel
 
@@ -116,6 +117,10 @@ def _llama_cpp() -> Any:
     return lib
 
 
+_KV_TYPES = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0"}
+"""The KV cell types `LlamaCppBackend(kv_type=...)` takes, by llama.cpp's names."""
+
+
 class LlamaCppBackend(Backend):
     """A GGUF model in one llama.cpp context shared by many sequences."""
 
@@ -131,6 +136,7 @@ class LlamaCppBackend(Backend):
         batch_invariant: bool = False,
         grammar_check_first: bool = True,
         kv_unified: bool = False,
+        kv_type: str = "f16",
     ) -> None:
         """Load a resolved model file.
 
@@ -188,10 +194,14 @@ class LlamaCppBackend(Backend):
         # cells only.
         cparams.kv_unified = self.unified
         cparams.no_perf = True
+        if kv_type not in _KV_TYPES:
+            raise ValueError(f"kv_type {kv_type!r}: one of {', '.join(_KV_TYPES)}")
+        cparams.type_k = cparams.type_v = getattr(lib, _KV_TYPES[kv_type])
         if batch_invariant:
             # Flash attention skips masked cells, so other sequences' cells change nothing;
             # the unfused path sums over them in SIMD lanes that shift with the layout.
             cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        regions = anonymous_regions() if n_gpu_layers == 0 else []
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lib.llama_model_free(self._model)
@@ -200,6 +210,14 @@ class LlamaCppBackend(Backend):
                 f"sequences on {resolved.path}",
                 fix="lower engine.n_ctx or engine.max_sequences",
             )
+        # The KV buffer llama.cpp has just zeroed: resident as sequences fill it, not all now.
+        # Only a run of zero pages at least half its size is handed back: that buffer itself.
+        self.kv_bytes_per_token = self._kv_bytes_per_token(kv_type)
+        """K and V bytes of one token's cell (every layer)."""
+        self.released_bytes = release_zeroed(
+            regions, self.kv_bytes_per_token * n_ctx * n_seq_max // 2
+        )
+        """Bytes of zeroed KV memory handed back at load (`mythic.engine._pages`)."""
         self._vocab = lib.llama_model_get_vocab(self._model)
         self._memory = lib.llama_get_memory(self._ctx)
         self.n_ctx = int(lib.llama_n_ctx(self._ctx))
@@ -245,6 +263,16 @@ class LlamaCppBackend(Backend):
         self._armed = False
 
     # -- vocabulary (any thread) ---------------------------------------------------------------
+
+    def _kv_bytes_per_token(self, kv_type: str) -> int:
+        """K and V bytes of one cell in every layer (from the model's shape, K and V heads of
+        one size)."""
+        lib = self._lib
+        heads = max(1, int(lib.llama_model_n_head(self._model)))
+        head_dim = int(lib.llama_model_n_embd(self._model)) // heads
+        row = int(lib.llama_model_n_head_kv(self._model)) * head_dim
+        per_value = 2.0 if kv_type == "f16" else 34 / 32  # q8_0: 32 values in 34 bytes
+        return int(2 * int(lib.llama_model_n_layer(self._model)) * row * per_value)
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
@@ -586,10 +614,19 @@ class LlamaCppBackend(Backend):
         if self.unified:
             self._lib.llama_memory_seq_cp(self._memory, src, dst, 0, length)
             return
-        # Between streams llama.cpp copies whole buffers only (at the next decode); the tail
-        # beyond `length` is then dropped from the copy.
-        self._lib.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
-        self._lib.llama_memory_seq_rm(self._memory, dst, length, -1)
+        # Between streams llama.cpp's own copy (`seq_cp`) copies the whole stream, all
+        # `n_ctx` cells, written or not: every copy of a persona prefix made a whole stream
+        # resident (24 MB on Qwen 0.5B at 2048 tokens, for ~700 cells used). The source's
+        # cells alone go through its state instead, into the start of the destination's
+        # stream (the layout of a sequence evaluated there), and the tail beyond `length` is
+        # dropped.
+        lib = self._lib
+        size = int(lib.llama_state_seq_get_size(self._ctx, src))
+        buf = (ctypes.c_uint8 * size)() if size > 0 else None
+        n = int(lib.llama_state_seq_get_data(self._ctx, buf, size, src)) if buf else 0
+        if n <= 0 or lib.llama_state_seq_set_data(self._ctx, buf, n, dst) <= 0:
+            lib.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+        lib.llama_memory_seq_rm(self._memory, dst, length, -1)
 
     def seq_cut(self, seq_id: int, start: int, end: int) -> bool:
         if not 0 <= start < end or not self._lib.llama_memory_can_shift(self._memory):
@@ -706,6 +743,7 @@ def load_backend(
         n_gpu_layers=settings.n_gpu_layers,
         batch_invariant=settings.batch_invariant,
         grammar_check_first=settings.grammar_check_first,
+        kv_type=settings.kv_type,
     )
 
 
