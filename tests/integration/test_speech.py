@@ -342,6 +342,40 @@ async def test_a_steady_voice_says_a_line_the_same_way_every_time(tts: TTSPool) 
     assert varied[0] != varied[1]  # Piper's own variation, `variation: 1`
 
 
+def _patched_voices(folder: Path) -> list[tuple[Path, int, int]]:
+    return [(p, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*-aligned.onnx")]
+
+
+async def test_the_patched_voice_is_made_once_and_a_damaged_copy_is_made_again(
+    tts: TTSPool, tmp_path: Path
+) -> None:
+    # The workers load Piper's voice, patched to output phoneme durations, from a file in
+    # `speech.cache_dir`: made by the first start, read by the next.
+    settings = SETTINGS.model_copy(update={"cache_dir": tmp_path})
+    line = "The crows keep watch for him."
+    heard, _ = await tts.speak(line, STEADY)
+    first: list[tuple[Path, int, int]] = []
+    for start in ("makes it", "reads it", "after damage"):
+        pool = TTSPool(settings)
+        await pool.start()
+        try:
+            said, _ = await pool.speak(line, STEADY)
+            assert pool.engines.get("piper"), start
+        finally:
+            await pool.close()
+        assert said == heard, start
+        made = _patched_voices(tmp_path)
+        if start == "after damage":
+            assert made == []  # the damaged file went; the voice was patched in memory
+            break
+        assert len(made) == 1 and made[0][1] > 1_000_000, start
+        if start == "makes it":
+            first = made
+        else:
+            assert made == first  # read, not made again
+            made[0][0].write_bytes(b"not a graph")
+
+
 async def test_chunks_are_40_to_80_ms_with_visemes_inside(tts: TTSPool) -> None:
     async with tts.synthesize(LONG_TEXT[:200], "human") as speech:
         chunks = await collect(speech)

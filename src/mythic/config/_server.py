@@ -47,6 +47,11 @@ class ServerSettings(Section):
     players at once on 2 CPU cores: first lines 2.4-3.8 s instead of 5.6-12.8 s). 0: none;
     for a bigger world the game calls `POST /v1/warmup` for the NPCs near the player."""
 
+    heap_trim_s: float = Field(default=60.0, ge=0)
+    """How often the server gives the heap's freed memory back to the system (glibc's
+    `malloc_trim`, in a worker thread), so that resident memory follows what is in use rather
+    than the highest it has been (a burst of parked KV, a world reload). 0: never."""
+
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """What `mythic serve` logs of Mythic's own to stderr: `info` has each voice turn's
     latency trace; `debug` adds each engine request's prompt tokens (and how many were

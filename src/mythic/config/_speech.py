@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
+from mythic.config._paths import default_cache_dir
 from mythic.config._section import Section
 
 
@@ -94,10 +95,20 @@ class SpeechSettings(Section):
     # -- synthesis -------------------------------------------------------------------------------
 
     tts_workers: int = Field(default=1, ge=1, le=32)
-    """TTS worker processes, each with its own Piper voice (about 120 MB each)."""
+    """TTS worker processes, each with its own Piper voice (about 160 MB resident each)."""
 
     tts_threads: int = Field(default=1, ge=1, le=64)
     """CPU threads of each TTS worker's Piper model."""
+
+    cache_dir: Path = Field(default_factory=lambda: default_cache_dir() / "speech")
+    """Where the Piper voice, patched once to also output its phonemes' durations (for
+    visemes), is kept: the TTS workers load that file instead of patching the voice in memory
+    each start (which left 70 MB more resident in each)."""
+
+    tts_arena: bool = False
+    """Let onnxruntime keep the Piper model's intermediate buffers in its memory arena between
+    clauses. Measured on 2 CPU cores: about 12% faster synthesis for 80-100 MB more resident
+    memory in each TTS worker (the arena grows to the longest clause's needs and keeps it)."""
 
     sample_rate: int = Field(default=22050, ge=8000, le=48000)
     """Sample rate of synthesised speech (Piper's joe voice and espeak-ng speak at 22050 Hz;

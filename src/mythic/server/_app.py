@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from mythic._errors import MythicError
+from mythic._heap import fix_mmap_threshold, trim
 from mythic.archetypes import REGISTRY_FILE, ChainRouter
 from mythic.config import MythicSettings
 from mythic.contracts import MAX_TEXT_CHARS, LLMStreamDelta, PlayerUtterance, ServerMessage
@@ -148,6 +149,8 @@ class Gateway:
             MissingExtraError: the retrieval mode needs the rag extra, which is missing.
         """
         self.settings = settings
+        # Large blocks (parked KV, audio) on pages of their own, given back when freed.
+        fix_mmap_threshold()
         if router is None:
             if engine is None:
                 raise ValueError("give an engine or a router")
@@ -261,6 +264,8 @@ class Gateway:
     def _start(self, tasks: asyncio.TaskGroup, *, warm: bool) -> list[asyncio.Task[None]]:
         start = tasks.create_task
         started = [start(self._reap(), name="mythic-reaper")]
+        if self.settings.server.heap_trim_s > 0:
+            started.append(start(self._trim_heap(), name="mythic-heap"))
         if warm:
             started.append(start(self._warm_at_start(), name="mythic-warm-up"))
         if self.voice is not None:
@@ -284,6 +289,13 @@ class Gateway:
             for session in self.sessions.expired():
                 self.cast.session_gone(session.id, forget=True)
                 self._voice_gone(session.id, forget=True)
+
+    async def _trim_heap(self) -> None:
+        """Give freed heap memory back to the system every `server.heap_trim_s`, until
+        cancelled (in a thread: a trim walks the whole heap)."""
+        while True:
+            await asyncio.sleep(self.settings.server.heap_trim_s)
+            await asyncio.to_thread(trim)
 
     async def _warm_at_start(self) -> None:
         try:

@@ -210,6 +210,8 @@ class TTSPool(PooledWorkers):
             "sample_rate": s.sample_rate,
             "chunk_ms": s.chunk_ms,
             "threads": s.tts_threads,
+            "arena": s.tts_arena,
+            "cache_dir": str(s.cache_dir),
             "espeak_fallback": s.espeak_fallback,
             "espeak_program": s.espeak_program,
             "sox_program": s.sox_program,

@@ -8,6 +8,8 @@ process never imports either. espeak-ng and sox run as programs (subprocesses).
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -61,7 +63,11 @@ class Synthesizer:
         if config.get("piper_model"):
             try:
                 self._piper = _load_piper(
-                    config["piper_model"], config["piper_config"], config["threads"]
+                    config["piper_model"],
+                    config["piper_config"],
+                    config["threads"],
+                    cache_dir=config.get("cache_dir"),
+                    arena=config.get("arena", False),
                 )
             except (ImportError, SpeechModelError) as exc:
                 self._piper_error = str(exc)
@@ -213,33 +219,83 @@ class Synthesizer:
         return bytes(samples.astype("<i2").tobytes())
 
 
-def _load_piper(model: str, config: str, threads: int) -> Any:
+def _load_piper(
+    model: str, config: str, threads: int, *, cache_dir: str | None = None, arena: bool = False
+) -> Any:
     """A Piper voice whose ONNX graph also outputs phoneme durations (the alignments)."""
     piper = require("piper", package="piper-tts", extra="speech")
     ort = require("onnxruntime", package="onnxruntime", extra="speech")
-    onnx = require("onnx", package="onnx", extra="speech")
     from piper.config import PiperConfig
-    from piper.patch_voice_with_alignment import add_alignment_output
 
     try:
-        graph = onnx.load(model)
         config_data = json.loads(Path(config).read_text(encoding="utf-8"))
+        graph = aligned_voice(Path(model), Path(cache_dir) if cache_dir else None)
     except (OSError, ValueError) as exc:
         raise SpeechModelError(f"cannot read the Piper voice {model}: {exc}") from exc
-    # ValueError: already patched, or no duration tensor (the voice speaks without alignments).
-    with contextlib.suppress(ValueError):
-        add_alignment_output(graph)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    options.enable_cpu_mem_arena = arena
     try:
-        session = ort.InferenceSession(
-            graph.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        try:
+            session = ort.InferenceSession(
+                str(graph) if isinstance(graph, Path) else graph,
+                sess_options=options,
+                providers=["CPUExecutionProvider"],
+            )
+        except Exception:  # onnxruntime's own untyped errors
+            if not isinstance(graph, Path):
+                raise
+            # A damaged file in the cache (a disk filled up, an edit): patched anew, in memory.
+            with contextlib.suppress(OSError):
+                graph.unlink()
+            graph = aligned_voice(Path(model), None)
+            session = ort.InferenceSession(
+                graph, sess_options=options, providers=["CPUExecutionProvider"]
+            )
         return piper.PiperVoice(session=session, config=PiperConfig.from_dict(config_data))
     except Exception as exc:  # onnxruntime and Piper raise their own untyped errors
         raise SpeechModelError(f"cannot load the Piper voice {model}: {exc}") from exc
+
+
+def aligned_voice(model: Path, cache_dir: Path | None) -> Path | bytes:
+    """The Piper voice `model` patched to output phoneme durations: a file in `cache_dir`
+    named by the voice's content (made once, atomically), or, where that cannot be written,
+    the patched graph's bytes. onnxruntime then reads the file itself: the graph parsed in
+    Python and its serialised copy are never in the worker's heap.
+
+    Raises:
+        OSError: the voice cannot be read.
+        ValueError: it is not an ONNX graph.
+    """
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()[:16]
+    cached = cache_dir / f"{model.stem}-{digest}-aligned.onnx" if cache_dir else None
+    if cached is not None and cached.is_file():
+        return cached
+    onnx = require("onnx", package="onnx", extra="speech")
+    decode_error: Any = importlib.import_module("google.protobuf.message").DecodeError
+    from piper.patch_voice_with_alignment import add_alignment_output
+
+    try:
+        graph = onnx.load(str(model))
+    except decode_error as exc:
+        raise ValueError(f"not an ONNX graph: {exc}") from exc
+    # ValueError: already patched, or no duration tensor (the voice speaks without alignments).
+    with contextlib.suppress(ValueError):
+        add_alignment_output(graph)
+    data: bytes = graph.SerializeToString()
+    del graph
+    if cached is None:
+        return data
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(f".{os.getpid()}.part")
+        partial.write_bytes(data)
+        os.replace(partial, cached)  # two workers making it at once each write their own
+    except OSError:
+        return data
+    return cached
 
 
 def _run(command: list[str], stdin: bytes, name: str) -> tuple[bytes, bytes]:
