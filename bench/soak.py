@@ -14,7 +14,8 @@ NPCs' warm memory on that Redis, voice on unless `--no-voice`. Then, for `--minu
 
 Each minute it samples the server and its workers: resident memory (from /proc smaps), open
 file descriptors, threads, the asyncio tasks the server reports (`mythic_asyncio_tasks` on
-/metrics), and the minute's p95 latencies and errors. The slopes of memory, descriptors and
+/metrics), the host memory its engines hold parked KV in (`mythic_engine_parked_bytes`), and
+the minute's p95 latencies and errors. The slopes of memory, descriptors and
 tasks over the run after the warm-up (`--warmup` minutes) are fitted by least squares; "flat"
 means the fitted growth over the whole run is within `--flat-mb` MB and `--flat-fds` fds.
 Writes bench/results/soak.json (soak_quick.json with --quick).
@@ -69,16 +70,38 @@ LINES = [
 ]
 
 
-def _process(pids: list[int]) -> dict[str, float]:
-    """Resident MB, open descriptors and threads of the server and its workers."""
+def _role(pid: int, server: int) -> str:
+    """ "server", or a worker by its module's short name ("tts_worker"), or the pid."""
+    if pid == server:
+        return "server"
+    with contextlib.suppress(OSError):
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        for arg in args:
+            if arg.startswith("mythic.speech._"):
+                return arg.removeprefix("mythic.speech._")
+    return str(pid)
+
+
+def _process(pids: list[int]) -> dict[str, Any]:
+    """Resident MB (in all and by process), open descriptors and threads of the server and
+    its workers."""
     rss_kb, fds, threads = 0, 0, 0
+    by_process: dict[str, float] = {}
     for pid in pids:
         with contextlib.suppress(OSError):
             rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-            rss_kb += int(re.search(r"^Rss:\s+(\d+)", rollup, re.M).group(1))  # type: ignore[union-attr]
+            rss = int(re.search(r"^Rss:\s+(\d+)", rollup, re.M).group(1))  # type: ignore[union-attr]
+            rss_kb += rss
+            role = _role(pid, pids[0])
+            by_process[role] = by_process.get(role, 0.0) + rss / 1024
             fds += len(os.listdir(f"/proc/{pid}/fd"))
             threads += len(os.listdir(f"/proc/{pid}/task"))
-    return {"rss_mb": rss_kb / 1024, "fds": fds, "threads": threads}
+    return {
+        "rss_mb": rss_kb / 1024,
+        "rss_mb_by_process": by_process,
+        "fds": fds,
+        "threads": threads,
+    }
 
 
 def world_copy(folder: Path, extra: int) -> tuple[Path, list[str]]:
@@ -211,12 +234,18 @@ def _slope(xs: list[float], ys: list[float]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else None
 
 
-def _tasks(http: httpx.Client) -> float | None:
+def _gauges(http: httpx.Client) -> dict[str, Any]:
+    """The server's asyncio tasks and the host memory of its parked KV (MB, by engine)."""
+    out: dict[str, Any] = {"tasks": None, "parked_mb": {}}
     with contextlib.suppress(httpx.HTTPError):
         text = http.get("/metrics").text
         found = re.search(r"^mythic_asyncio_tasks\s+([0-9.e+]+)", text, re.M)
-        return float(found.group(1)) if found else None
-    return None
+        out["tasks"] = float(found.group(1)) if found else None
+        for engine, value in re.findall(
+            r'^mythic_engine_parked_bytes\{engine="([^"]+)"\}\s+([0-9.e+]+)', text, re.M
+        ):
+            out["parked_mb"][engine] = float(value) / 2**20
+    return out
 
 
 class Services:
@@ -266,7 +295,7 @@ class Services:
         self.redis = self._start_redis()
 
     def sample(self) -> dict[str, Any]:
-        return {**_process(process_tree(self.server.pid)), "tasks": _tasks(self.http)}
+        return {**_process(process_tree(self.server.pid)), **_gauges(self.http)}
 
     def close(self) -> None:
         self.server.send_signal(signal.SIGINT)
@@ -330,7 +359,10 @@ async def drive(
             f"minute {minute:3d}: {sample['rss_mb']:7.0f} MB {sample['fds']:4d} fds "
             f"{sample['threads']:3d} threads, tasks {sample['tasks']}, turns {sample['turns']}, "
             f"intents {sample['intents']}, voice {sample['voice_turns']}, "
-            f"errors {sample['errors']}, TTFT p95 {sample['ttft_p95_s']}",
+            f"errors {sample['errors']}, TTFT p95 {sample['ttft_p95_s']}; MB by process "
+            + ", ".join(f"{k} {v:.0f}" for k, v in sample["rss_mb_by_process"].items())
+            + "; parked MB "
+            + ", ".join(f"{k} {v:.0f}" for k, v in sample["parked_mb"].items()),
             flush=True,
         )
         if services.server.poll() is not None:

@@ -142,6 +142,11 @@ class _GatewayCollector(Collector):
                     em.kv_cells_reserved,
                 ),
                 ("mythic_engine_kv_capacity", "KV cells in all", em.kv_capacity),
+                (
+                    "mythic_engine_parked_bytes",
+                    "host memory holding evicted sessions' KV (engine.park_mb)",
+                    em.parked_bytes,
+                ),
                 ("mythic_engine_tokens_per_s", "generated tokens/s", em.tokens_per_s),
                 ("mythic_engine_prefix_hit_rate", "prompt tokens from cache", em.prefix_hit_rate),
                 ("mythic_engine_generated_tokens", "tokens generated", em.generated_tokens),
