@@ -632,10 +632,17 @@ def _soak() -> str:
         if s["minute"] in (1, 2, 5) or s["minute"] % 10 == 0 or s is samples[-1]:
             p95 = s.get("ttft_p95_s")
             intent = s.get("intent_p95_s")
+            by = s.get("rss_mb_by_process", {})
+            parked = s.get("parked_mb")
             rows.append(
                 [
                     str(s["minute"]),
                     f"{s['rss_mb']:,.0f} MB",
+                    " / ".join(
+                        f"{by[k]:,.0f}" for k in ("server", "asr_worker", "tts_worker") if k in by
+                    )
+                    or "-",
+                    "-" if parked is None else f"{sum(parked.values()):,.0f} MB",
                     str(s["fds"]),
                     str(s["threads"]),
                     "-" if s["tasks"] is None else f"{s['tasks']:.0f}",
@@ -645,7 +652,8 @@ def _soak() -> str:
                     "-" if intent is None else f"{intent:.1f} s",
                 ]
             )
-    header = ["minute", "resident", "fds", "threads", "tasks", "turns / intents / voice"]
+    header = ["minute", "resident", "MB: server / ASR / TTS", "parked KV", "fds", "threads"]
+    header += ["tasks", "turns / intents / voice"]
     header += ["errors", "first token p95", "intent p95"]
     slopes = res["slopes"]
 

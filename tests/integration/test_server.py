@@ -665,6 +665,13 @@ async def test_http_endpoints(server: tuple[str, Gateway]) -> None:
         # Each line answered above is counted, under the finish reason its reply gave.
         assert all(turns.get(r, 0) >= n for r, n in answered.items()), (answered, turns)
         assert "mythic_engine_tokens_per_s" in metrics
+        parked = [
+            sample.value
+            for family in text_string_to_metric_families(metrics)
+            if family.name == "mythic_engine_parked_bytes"
+            for sample in family.samples
+        ]
+        assert parked and all(value >= 0 for value in parked)
         tasks = [
             sample.value
             for family in text_string_to_metric_families(metrics)

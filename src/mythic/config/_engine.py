@@ -37,7 +37,8 @@ class EngineSettings(Section):
 
     n_ctx: int = Field(default=2048, ge=256, le=131072)
     """Context window of one NPC sequence, in tokens; capped at the model's own. KV memory for
-    `n_ctx * max_sequences` cells is reserved at load."""
+    `n_ctx * max_sequences` cells is reserved at load, and becomes resident as the sequences'
+    cells are written."""
 
     n_threads: int | None = Field(default=None, ge=1)
     """CPU threads for generation; default: all cores."""
@@ -52,7 +53,8 @@ class EngineSettings(Section):
     """Sequences held in the KV memory: active NPC sessions plus cached prefixes. A session
     evicted for another is parked in host memory (`park_mb`) and loaded back when its NPC
     speaks again. 16 holds the example world's 8 NPCs, their shared prompt starts and gold's
-    reserve (Qwen 0.5B at 2048 tokens: 384 MB); raise it for many NPCs speaking at once."""
+    reserve (Qwen 0.5B at 2048 tokens: 384 MB reserved, resident as it is filled: 12 KB a
+    token); raise it for many NPCs speaking at once."""
 
     kv_type: Literal["f16", "q8_0"] = "f16"
     """The type of the KV cells: `f16`, or `q8_0` (8-bit blocks: about half the KV bytes per

@@ -617,8 +617,8 @@ class LlamaCppBackend(Backend):
         # Between streams llama.cpp's own copy (`seq_cp`) copies the whole stream, all
         # `n_ctx` cells, written or not: every copy of a persona prefix made a whole stream
         # resident (24 MB on Qwen 0.5B at 2048 tokens, for ~700 cells used). The source's
-        # cells alone go through its state instead, into the start of the destination's
-        # stream (the layout of a sequence evaluated there), and the tail beyond `length` is
+        # cells alone go through its state instead, into one block of the destination's
+        # stream, in order (as a sequence evaluated there), and the tail beyond `length` is
         # dropped.
         lib = self._lib
         size = int(lib.llama_state_seq_get_size(self._ctx, src))

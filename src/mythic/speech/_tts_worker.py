@@ -269,7 +269,8 @@ def aligned_voice(model: Path, cache_dir: Path | None) -> Path | bytes:
         OSError: the voice cannot be read.
         ValueError: it is not an ONNX graph.
     """
-    digest = hashlib.sha256(model.read_bytes()).hexdigest()[:16]
+    with model.open("rb") as voice:
+        digest = hashlib.file_digest(voice, "sha256").hexdigest()[:16]
     cached = cache_dir / f"{model.stem}-{digest}-aligned.onnx" if cache_dir else None
     if cached is not None and cached.is_file():
         return cached
