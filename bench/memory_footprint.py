@@ -11,8 +11,8 @@ engine settings reserve for KV: `n_ctx x max_sequences` cells of each model at i
 cell (from its GGUF: layers x KV heads x head size x 2 (K and V) x 2 bytes, f16), and the bytes
 one active NPC's full context takes. Reserved is not resident: the engine hands back the KV
 buffer llama.cpp zeroes at load, and a cell's bytes become resident when it is written, so an
-active NPC costs its bytes a token times the tokens its sequence holds. Writes bench/results/memory_footprint.json
-(memory_footprint_no_voice.json with --no-voice).
+active NPC costs its bytes a token times the tokens its sequence holds. Writes
+bench/results/memory_footprint.json (memory_footprint_no_voice.json with --no-voice).
 
     .venv/bin/python bench/memory_footprint.py [--npcs 3] [--no-voice]
 

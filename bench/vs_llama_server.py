@@ -539,9 +539,9 @@ async def main_async(args: argparse.Namespace) -> None:
     threads = settings.n_threads or os.cpu_count() or 1
     binary = llama_server_binary(args.server)
     model = ModelStore(settings.models_dir).resolve(MODEL).path
-    # The same KV cell type on both sides (`engine.kv_type`).
-    extra = [*(args.server_arg or []), "--cache-type-k", settings.kv_type]
-    extra += ["--cache-type-v", settings.kv_type]
+    # The same KV cell type on both sides (`engine.kv_type`); `--server-arg` comes after.
+    extra = ["--cache-type-k", settings.kv_type, "--cache-type-v", settings.kv_type]
+    extra += args.server_arg or []
     if args.device == "cuda":
         settings = settings.model_copy(update={"n_gpu_layers": -1})
         extra = [*extra, "--n-gpu-layers", "999"]

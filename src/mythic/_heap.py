@@ -6,7 +6,8 @@ of parked KV, after a world reload built its new index beside the old one. Two r
 the server and the speech workers:
 
 - `fix_mmap_threshold`: blocks of a MiB or more always get pages of their own (`mmap`), which
-  go back to the system when freed. By default glibc raises that threshold to the size of each
+  go back to the system when freed (process-wide: `mythic serve` and the speech workers set it
+  for themselves). By default glibc raises that threshold to the size of each
   such block freed (up to 32 MiB), after which blocks of parked KV, prompts' token arrays and
   audio come from the heap and leave it fragmented, resident memory rising in steps.
 - `trim`: `malloc_trim(0)`, the free pages of every arena back to the system.
@@ -17,9 +18,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import logging
-
-log = logging.getLogger(__name__)
 
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 MMAP_THRESHOLD = 1 << 20

@@ -346,7 +346,7 @@ def _patched_voices(folder: Path) -> list[tuple[Path, int, int]]:
     return [(p, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*-aligned.onnx")]
 
 
-async def test_the_patched_voice_is_made_once_and_a_damaged_copy_is_made_again(
+async def test_the_patched_voice_is_made_once_and_a_damaged_copy_is_patched_again(
     tts: TTSPool, tmp_path: Path
 ) -> None:
     # The workers load Piper's voice, patched to output phoneme durations, from a file in

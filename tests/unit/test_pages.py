@@ -5,35 +5,44 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import struct
 import sys
 
 import pytest
 
 from mythic import _heap
-from mythic.engine._pages import PAGE, anonymous_regions, new_spans, release_zeroed, zero_runs
+from mythic.engine._pages import (
+    _READ,
+    PAGE,
+    anonymous_regions,
+    new_spans,
+    release_zeroed,
+    resident_runs,
+    zero_runs,
+)
 
 pytestmark = pytest.mark.unit
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc and madvise")
 
 
-def _resident_kb(start: int, end: int) -> int:
-    """Resident KB of the mappings inside [start, end), from /proc/self/smaps."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split()[0]
-            if "-" in head and all(c in "0123456789abcdef-" for c in head):
-                low, high = (int(x, 16) for x in head.split("-"))
-                inside = low >= start and high <= end
-            elif inside and line.startswith("Rss:"):
-                total += int(line.split()[1])
-    return total
-
-
 def _private(size: int) -> mmap.mmap:
     """Private anonymous memory, as malloc's large blocks are (`mmap(-1, n)` alone is shared)."""
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
+def _address(area: mmap.mmap) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(area))
+
+
+def _resident_pages(start: int, end: int) -> int:
+    """Pages of [start, end) present in memory, from /proc/self/pagemap (bit 63 of each entry):
+    another reading than `mincore`, which `resident_runs` uses."""
+    pages = (end - start) // PAGE
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(start // PAGE * 8)
+        entries = struct.unpack(f"{pages}Q", pagemap.read(pages * 8))
+    return sum(1 for e in entries if e >> 63)
 
 
 def test_new_spans_are_what_no_earlier_region_covered() -> None:
@@ -45,55 +54,69 @@ def test_new_spans_are_what_no_earlier_region_covered() -> None:
 
 
 @linux
-def test_zero_runs_find_whole_zero_pages_only() -> None:
-    with _private(64 * PAGE) as area:
-        start = ctypes.addressof(ctypes.c_char.from_buffer(area))
-        area[10 * PAGE + 7] = 1  # page 10 is not zero
-        area[40 * PAGE] = 255  # nor page 40
-        runs = zero_runs(start, start + 64 * PAGE, 4 * PAGE)
-        assert runs == [
-            (start, start + 10 * PAGE),
-            (start + 11 * PAGE, start + 40 * PAGE),
-            (start + 41 * PAGE, start + 64 * PAGE),
+def test_zero_runs_find_whole_zero_pages_across_reads() -> None:
+    # Longer than two reads, with a non-zero page on each side of the first read's edge.
+    pages = 2 * _READ // PAGE + 16
+    edge = _READ // PAGE
+    with _private(pages * PAGE) as area:
+        start = _address(area)
+        for page in (0, edge - 1, edge, edge + 40):
+            area[page * PAGE + 5] = 1
+        assert zero_runs(start, start + pages * PAGE) == [
+            (start + PAGE, start + (edge - 1) * PAGE),
+            (start + (edge + 1) * PAGE, start + (edge + 40) * PAGE),
+            (start + (edge + 41) * PAGE, start + pages * PAGE),
         ]
-        # A run shorter than asked is left out.
-        assert zero_runs(start, start + 64 * PAGE, 25 * PAGE) == [
-            (start + 11 * PAGE, start + 40 * PAGE)
-        ]
-        del start
+        area[:] = bytes(pages * PAGE)
+        assert zero_runs(start, start + pages * PAGE) == [(start, start + pages * PAGE)]
 
 
 @linux
-def test_released_zero_pages_read_the_same_and_are_no_longer_resident() -> None:
+def test_resident_runs_are_the_pages_written() -> None:
+    with _private(64 * PAGE) as area:
+        start = _address(area)
+        for page in (*range(3, 10), 20):
+            area[page * PAGE] = 1
+        assert resident_runs(start, start + 64 * PAGE) == [
+            (start + 3 * PAGE, start + 10 * PAGE),
+            (start + 20 * PAGE, start + 21 * PAGE),
+        ]
+
+
+@linux
+def test_the_zeroed_buffer_is_handed_back_and_reads_the_same() -> None:
     before = anonymous_regions()
     size = 32 << 20
-    area = _private(size)
+    area = _private(size + 2 * PAGE)
     try:
-        start = ctypes.addressof(ctypes.c_char.from_buffer(area))
-        area.write(bytes(size))  # zeros written: every page resident, as llama.cpp's clear
-        area[5 * PAGE + 3] = 42
-        assert _resident_kb(start, start + size) >= size // 1024 - 4
-        released = release_zeroed(before, 8 << 20)
-        assert released >= size - 6 * PAGE
-        assert _resident_kb(start, start + size) < 1024
-        assert area[5 * PAGE + 3] == 42
-        assert area[: 5 * PAGE] == bytes(5 * PAGE)
-        assert area[6 * PAGE :] == bytes(size - 6 * PAGE)
-        area[size - 1] = 7  # written again: resident again, and kept
-        assert area[size - 1] == 7
-        del start
+        start = _address(area)
+        # As a zeroed buffer behind an allocator's header: the first page is not all zeros,
+        # the buffer after it is, written (resident).
+        area[:7] = b"\x01header"
+        area.seek(PAGE)
+        area.write(bytes(size))
+        assert _resident_pages(start, start + size + PAGE) == size // PAGE + 1
+        assert release_zeroed(before, 2 * size) == 0  # another size: left alone
+        assert release_zeroed(before, size) == size
+        assert _resident_pages(start, start + size + PAGE) == 1
+        assert area[:7] == b"\x01header"
+        assert area[PAGE : PAGE + size] == bytes(size)
+        area[size] = 7  # written again: resident again, and kept
+        assert area[size] == 7
     finally:
         area.close()
 
 
 @linux
-def test_nothing_is_released_without_regions_to_compare_with() -> None:
+def test_nothing_is_handed_back_without_regions_to_compare_with() -> None:
     assert release_zeroed([], 1 << 20) == 0
 
 
 @linux
-def test_the_heap_is_trimmed_and_large_blocks_mapped_on_glibc() -> None:
-    assert _heap.fix_mmap_threshold() is True
-    blocks = [bytearray(256 * 1024) for _ in range(64)]
+def test_freed_heap_pages_go_back_to_the_system_on_glibc() -> None:
+    assert _heap.fix_mmap_threshold() is True  # what the server sets for itself
+    # Blocks under the threshold come from the heap; freed, they stay with the process
+    # until trimmed.
+    blocks = [bytearray(512 * 1024) for _ in range(64)]
     del blocks
-    assert isinstance(_heap.trim(), bool)
+    assert _heap.trim() is True

@@ -201,7 +201,8 @@ class LlamaCppBackend(Backend):
             # Flash attention skips masked cells, so other sequences' cells change nothing;
             # the unfused path sums over them in SIMD lanes that shift with the layout.
             cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        regions = anonymous_regions() if n_gpu_layers == 0 else []
+        self._kv_on_host = n_gpu_layers == 0
+        regions = anonymous_regions() if self._kv_on_host else []
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lib.llama_model_free(self._model)
@@ -211,13 +212,14 @@ class LlamaCppBackend(Backend):
                 fix="lower engine.n_ctx or engine.max_sequences",
             )
         # The KV buffer llama.cpp has just zeroed: resident as sequences fill it, not all now.
-        # Only a run of zero pages at least half its size is handed back: that buffer itself.
         self.kv_bytes_per_token = self._kv_bytes_per_token(kv_type)
         """K and V bytes of one token's cell (every layer)."""
-        self.released_bytes = release_zeroed(
-            regions, self.kv_bytes_per_token * n_ctx * n_seq_max // 2
-        )
-        """Bytes of zeroed KV memory handed back at load (`mythic.engine._pages`)."""
+        kv_bytes = self.kv_bytes_per_token * int(lib.llama_n_ctx(self._ctx))
+        self.released_bytes = release_zeroed(regions, kv_bytes)
+        """Bytes of zeroed KV memory handed back at load (`mythic.engine._pages`); 0 where
+        no run of zero pages was the KV buffer's size (then it is all resident)."""
+        if regions and not self.released_bytes:
+            logger.info("no KV buffer of %d bytes to hand back for %s", kv_bytes, self.name)
         self._vocab = lib.llama_model_get_vocab(self._model)
         self._memory = lib.llama_get_memory(self._ctx)
         self.n_ctx = int(lib.llama_n_ctx(self._ctx))
@@ -270,9 +272,25 @@ class LlamaCppBackend(Backend):
         lib = self._lib
         heads = max(1, int(lib.llama_model_n_head(self._model)))
         head_dim = int(lib.llama_model_n_embd(self._model)) // heads
-        row = int(lib.llama_model_n_head_kv(self._model)) * head_dim
+        key = self._meta_int("attention.key_length") or head_dim
+        value = self._meta_int("attention.value_length") or head_dim
         per_value = 2.0 if kv_type == "f16" else 34 / 32  # q8_0: 32 values in 34 bytes
-        return int(2 * int(lib.llama_model_n_layer(self._model)) * row * per_value)
+        row = int(lib.llama_model_n_head_kv(self._model)) * (key + value)
+        return int(int(lib.llama_model_n_layer(self._model)) * row * per_value)
+
+    def _meta_int(self, key: str) -> int | None:
+        """An integer of the model's GGUF metadata under its architecture (`{arch}.{key}`)."""
+        buf = ctypes.create_string_buffer(256)
+        lib = self._lib
+        if lib.llama_model_meta_val_str(self._model, b"general.architecture", buf, 256) < 0:
+            return None
+        name = f"{buf.value.decode()}.{key}".encode()
+        if lib.llama_model_meta_val_str(self._model, name, buf, 256) < 0:
+            return None
+        try:
+            return int(buf.value.decode())
+        except ValueError:
+            return None
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
@@ -620,10 +638,14 @@ class LlamaCppBackend(Backend):
         # cells alone go through its state instead, into one block of the destination's
         # stream, in order (as a sequence evaluated there), and the tail beyond `length` is
         # dropped.
+        # (With layers on a GPU the cells live in its memory: its own copy stays there.)
         lib = self._lib
-        size = int(lib.llama_state_seq_get_size(self._ctx, src))
-        buf = (ctypes.c_uint8 * size)() if size > 0 else None
-        n = int(lib.llama_state_seq_get_data(self._ctx, buf, size, src)) if buf else 0
+        n, buf = 0, None
+        if self._kv_on_host:
+            size = int(lib.llama_state_seq_get_size(self._ctx, src))
+            buf = (ctypes.c_uint8 * size)() if size > 0 else None
+            if buf is not None:
+                n = int(lib.llama_state_seq_get_data(self._ctx, buf, size, src))
         if n <= 0 or lib.llama_state_seq_set_data(self._ctx, buf, n, dst) <= 0:
             lib.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
         lib.llama_memory_seq_rm(self._memory, dst, length, -1)

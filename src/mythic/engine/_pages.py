@@ -5,14 +5,18 @@ writing those zeros makes every page of it resident: an engine of 16 sequences o
 on Qwen 0.5B holds 384 MB from its first second, whatever its NPCs have said. A private
 anonymous page that reads as zeros can be given back (`madvise(MADV_DONTNEED)`): the next read
 of it is a fresh zero page, the same bytes, and the next write makes it resident again. So,
-once a context exists, `release_zeroed` hands back the runs of zero pages that appeared with
-it, and KV memory becomes resident as the NPCs' sequences fill it (the pages of the cells
-written; at most what was reserved).
+once a context exists, `release_zeroed` hands back the buffer it has just zeroed, and KV memory
+becomes resident as the NPCs' sequences fill it (the pages of the cells written; at most what
+was reserved).
 
-Only runs of at least `min_run` bytes (the backend gives half its KV buffer's size) are handed
-back, in the regions that appeared or grew while the context was made (`anonymous_regions`
-before and after), right after it was made and before any decode: such a run is that buffer
-(with, at most, untouched neighbouring pages of the same context), which nothing else uses yet.
+Which pages: in the anonymous memory mapped while the context was made (`anonymous_regions`
+before and after), among the pages that are resident (`mincore`), the one run that reads as
+zeros (through /proc/self/mem, which answers an error rather than a crash for a page unmapped
+meanwhile) and is as long as the KV buffer, within `tolerance`. The context's other new
+buffers (compute, outputs) are not resident yet and the allocator's header is not zero, so
+they bound that run; a run of another length (another thread's memory merged beside it, a
+model whose cache is shaped otherwise) is left alone, and nothing is handed back. The run is
+the new context's, which nothing uses before its first decode.
 """
 
 from __future__ import annotations
@@ -20,19 +24,18 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import logging
 import mmap
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from mythic._extras import require
 
-log = logging.getLogger(__name__)
-
 PAGE = mmap.PAGESIZE
 _MADV_DONTNEED = 4
-_SCAN = 1 << 21  # bytes read at once while looking for zero pages
+_MADV_NOHUGEPAGE = 15  # written cells then fault in pages, not 2 MB at a time (THP "always")
+_READ = 1 << 21  # bytes read at once to check for zeros
 
 Region = tuple[int, int]
 """[start, end) addresses of a mapping."""
@@ -74,60 +77,95 @@ def new_spans(before: list[Region], after: list[Region]) -> list[Region]:
 
 
 @functools.cache
-def _madvise() -> Any:
+def _libc() -> Any:
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
-        madvise = ctypes.CDLL(name, use_errno=True).madvise
+        libc = ctypes.CDLL(name, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     except (OSError, AttributeError):
         return None
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return madvise
+    return libc
 
 
-def zero_runs(start: int, end: int, min_run: int) -> list[Region]:
-    """The runs of whole pages in [start, end) (page-aligned) that read as zeros, `min_run`
-    bytes or longer. Reading a page never written maps the shared zero page: looking costs no
-    memory."""
+def resident_runs(start: int, end: int) -> list[Region]:
+    """The runs of resident pages in [start, end) (page-aligned); none where `mincore` fails
+    (the span was unmapped meanwhile)."""
+    libc = _libc()
+    pages = (end - start) // PAGE
+    if libc is None or pages <= 0:
+        return []
+    vec = (ctypes.c_ubyte * pages)()
+    if libc.mincore(start, end - start, vec) != 0:
+        return []
+    np = require("numpy", package="numpy", extra="llm")
+    resident = np.frombuffer(vec, dtype=np.uint8) & 1
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], resident, [0])).astype(np.int8)))
+    return [
+        (start + int(a) * PAGE, start + int(b) * PAGE)
+        for a, b in zip(edges[::2], edges[1::2], strict=True)
+    ]
+
+
+def zero_runs(start: int, end: int) -> list[Region]:
+    """The runs of pages in [start, end) (page-aligned) that read as zeros, read through
+    /proc/self/mem: a page unmapped meanwhile ends the reading (the runs found before it are
+    kept) rather than crashing the process."""
     np = require("numpy", package="numpy", extra="llm")
     runs: list[Region] = []
     run_start: int | None = None
     address = start
-    while address < end:
-        size = min(_SCAN, end - address)
-        view = np.frombuffer((ctypes.c_char * size).from_address(address), dtype=np.uint64)
-        zero = ~view.reshape(size // PAGE, PAGE // 8).any(axis=1)
-        # The pages of this block where a run starts or ends.
-        states = np.concatenate(([run_start is not None], zero)).astype(np.int8)
-        for edge in np.flatnonzero(np.diff(states)):
-            page_at = address + int(edge) * PAGE
-            if run_start is None:
-                run_start = page_at
-            else:
-                if page_at - run_start >= min_run:
+    try:
+        fd = os.open("/proc/self/mem", os.O_RDONLY)
+    except OSError:
+        return []
+    try:
+        while address < end:
+            data = os.pread(fd, min(_READ, end - address), address)
+            if len(data) < PAGE:
+                break
+            pages = len(data) // PAGE
+            words = np.frombuffer(data, dtype=np.uint64, count=pages * PAGE // 8)
+            zero = ~words.reshape(pages, PAGE // 8).any(axis=1)
+            # The pages of this block where a run starts or ends.
+            states = np.concatenate(([run_start is not None], zero)).astype(np.int8)
+            for edge in np.flatnonzero(np.diff(states)):
+                page_at = address + int(edge) * PAGE
+                if run_start is None:
+                    run_start = page_at
+                else:
                     runs.append((run_start, page_at))
-                run_start = None
-        address += size
-    if run_start is not None and end - run_start >= min_run:
-        runs.append((run_start, end))
+                    run_start = None
+            address += pages * PAGE
+    except OSError:
+        pass  # unmapped meanwhile: what was read stands
+    finally:
+        os.close(fd)
+    if run_start is not None:
+        runs.append((run_start, address))
     return runs
 
 
-def release_zeroed(before: list[Region], min_run: int) -> int:
-    """Hand back the runs of zero pages (`min_run` bytes or longer) in the anonymous memory
-    mapped since `before` was taken (`anonymous_regions`); the bytes handed back (0 where
-    this is not Linux with glibc)."""
-    madvise = _madvise()
-    if madvise is None or not before or min_run <= 0:
+def release_zeroed(before: list[Region], size: int, tolerance: float = 0.02) -> int:
+    """Hand back the buffer of `size` bytes (within `tolerance`) zeroed since `before` was
+    taken (`anonymous_regions`): the bytes handed back; 0 where no such run is found, or
+    where this is not Linux with glibc."""
+    libc = _libc()
+    if libc is None or not before or size <= 0:
         return 0
-    released = 0
-    for start, end in new_spans(before, anonymous_regions()):
-        if end - start < min_run:
+    low, high = size * (1 - tolerance) - 2 * PAGE, size * (1 + tolerance) + 2 * PAGE
+    for span_start, span_end in new_spans(before, anonymous_regions()):
+        if span_end - span_start < low:
             continue
-        for run_start, run_end in zero_runs(start, end, min_run):
-            if madvise(run_start, run_end - run_start, _MADV_DONTNEED) == 0:
-                released += run_end - run_start
-            else:
-                log.debug("madvise failed: errno %d", ctypes.get_errno())
-    return released
+        for resident_start, resident_end in resident_runs(span_start, span_end):
+            if resident_end - resident_start < low:
+                continue
+            for start, end in zero_runs(resident_start, resident_end):
+                if low <= end - start <= high:
+                    libc.madvise(start, end - start, _MADV_NOHUGEPAGE)  # refused without THP
+                    if libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
+                        return end - start
+                    return 0
+    return 0

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from mythic._errors import MythicError
-from mythic._heap import fix_mmap_threshold, trim
+from mythic._heap import trim
 from mythic.archetypes import REGISTRY_FILE, ChainRouter
 from mythic.config import MythicSettings
 from mythic.contracts import MAX_TEXT_CHARS, LLMStreamDelta, PlayerUtterance, ServerMessage
@@ -149,8 +149,6 @@ class Gateway:
             MissingExtraError: the retrieval mode needs the rag extra, which is missing.
         """
         self.settings = settings
-        # Large blocks (parked KV, audio) on pages of their own, given back when freed.
-        fix_mmap_threshold()
         if router is None:
             if engine is None:
                 raise ValueError("give an engine or a router")

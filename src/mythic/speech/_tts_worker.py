@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -26,6 +28,8 @@ from mythic.speech._errors import SpeechModelError, SpeechWorkerError, VoiceUnav
 from mythic.speech._text import split_clauses
 from mythic.speech._visemes import PHONEME_VISEMES, slice_track, viseme_track
 from mythic.speech._voices import VoiceProfile
+
+log = logging.getLogger(__name__)
 
 _PROGRAM_TIMEOUT_S = 20.0
 _ESPEAK_WPM = 175  # espeak-ng's own default speed: rate 1.0
@@ -244,10 +248,11 @@ def _load_piper(
                 sess_options=options,
                 providers=["CPUExecutionProvider"],
             )
-        except Exception:  # onnxruntime's own untyped errors
+        except _onnx_errors(ort) as exc:
             if not isinstance(graph, Path):
                 raise
             # A damaged file in the cache (a disk filled up, an edit): patched anew, in memory.
+            log.warning("the patched Piper voice %s did not load (%s): patched again", graph, exc)
             with contextlib.suppress(OSError):
                 graph.unlink()
             graph = aligned_voice(Path(model), None)
@@ -257,6 +262,13 @@ def _load_piper(
         return piper.PiperVoice(session=session, config=PiperConfig.from_dict(config_data))
     except Exception as exc:  # onnxruntime and Piper raise their own untyped errors
         raise SpeechModelError(f"cannot load the Piper voice {model}: {exc}") from exc
+
+
+def _onnx_errors(ort: Any) -> tuple[type[BaseException], ...]:
+    """What onnxruntime raises for a graph it cannot load (its own classes, not RuntimeError)."""
+    state = ort.capi.onnxruntime_pybind11_state
+    names = ("Fail", "InvalidProtobuf", "InvalidGraph", "NoSuchFile", "InvalidArgument")
+    return tuple(getattr(state, n) for n in names if hasattr(state, n))
 
 
 def aligned_voice(model: Path, cache_dir: Path | None) -> Path | bytes:
@@ -270,8 +282,10 @@ def aligned_voice(model: Path, cache_dir: Path | None) -> Path | bytes:
         ValueError: it is not an ONNX graph.
     """
     with model.open("rb") as voice:
-        digest = hashlib.file_digest(voice, "sha256").hexdigest()[:16]
-    cached = cache_dir / f"{model.stem}-{digest}-aligned.onnx" if cache_dir else None
+        digest = hashlib.file_digest(voice, "sha256")
+    digest.update(importlib.metadata.version("piper-tts").encode())  # its patcher's version
+    name = f"{model.stem}-{digest.hexdigest()[:16]}-aligned.onnx"
+    cached = cache_dir / name if cache_dir else None
     if cached is not None and cached.is_file():
         return cached
     onnx = require("onnx", package="onnx", extra="speech")
@@ -289,12 +303,15 @@ def aligned_voice(model: Path, cache_dir: Path | None) -> Path | bytes:
     del graph
     if cached is None:
         return data
+    partial = cached.with_suffix(f".{os.getpid()}.part")
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_suffix(f".{os.getpid()}.part")
         partial.write_bytes(data)
         os.replace(partial, cached)  # two workers making it at once each write their own
-    except OSError:
+    except OSError as exc:  # a read-only or full disk: the voice is loaded from memory
+        log.warning("cannot keep the patched Piper voice in %s: %s", cache_dir, exc)
+        with contextlib.suppress(OSError):
+            partial.unlink()
         return data
     return cached
 
