@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import random
 import re
@@ -377,6 +378,50 @@ async def drive(
     return samples, events, soak
 
 
+def fit_slopes(
+    samples: list[dict[str, Any]], warmup: int, flat_mb: float, flat_fds: float
+) -> dict[str, Any]:
+    """Least-squares slopes after the warm-up: resident memory, the same less the engines'
+    parked KV (a cache filling to its `engine.park_mb` budgets, not a leak), descriptors,
+    threads and tasks; "flat" where the growth over the run is within its limit."""
+    after = [s for s in samples if s["minute"] > warmup]
+    xs = [float(s["minute"]) for s in after]
+    span = (xs[-1] - xs[0]) if len(xs) > 1 else 0.0
+    series: dict[str, tuple[list[float], float | None]] = {
+        "rss_mb": ([float(s["rss_mb"]) for s in after], flat_mb),
+        "fds": ([float(s["fds"]) for s in after], flat_fds),
+        "threads": ([float(s["threads"]) for s in after], None),
+    }
+    if after and all("parked_mb" in s for s in after):
+        less = [float(s["rss_mb"]) - sum(s["parked_mb"].values()) for s in after]
+        series["rss_less_parked_mb"] = (less, flat_mb)
+    slopes: dict[str, Any] = {}
+    for key, (ys, limit) in series.items():
+        slope = _slope(xs, ys)
+        slopes[key] = {
+            "per_minute": slope,
+            "over_run": slope * span if slope is not None else None,
+            "flat": None if slope is None or limit is None else abs(slope * span) <= limit,
+        }
+    task_rows = [s for s in after if s["tasks"] is not None]
+    task_slope = _slope([float(s["minute"]) for s in task_rows], [s["tasks"] for s in task_rows])
+    slopes["tasks"] = {"per_minute": task_slope}
+    return slopes
+
+
+def refit(path: Path) -> None:
+    """Fit the slopes of a results file again from its samples (after this file's fitting
+    changed), with the warm-up and limits it was run with."""
+    document = json.loads(path.read_text())
+    flat = document["flat"]
+    document["results"]["slopes"] = fit_slopes(
+        document["results"]["samples"], document["warmup_minutes"], flat["mb"], flat["fds"]
+    )
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    for key, slope in document["results"]["slopes"].items():
+        print(f"slope of {key}: {slope}")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="mythic-soak-"))
     world, extra = world_copy(folder, args.npcs_extra)
@@ -387,20 +432,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         services.close()
         shutil.rmtree(folder, ignore_errors=True)
-    after = [s for s in samples if s["minute"] > args.warmup]
-    xs = [float(s["minute"]) for s in after]
-    span = (xs[-1] - xs[0]) if len(xs) > 1 else 0.0
-    slopes: dict[str, Any] = {}
-    for key, limit in (("rss_mb", args.flat_mb), ("fds", args.flat_fds), ("threads", None)):
-        slope = _slope(xs, [float(s[key]) for s in after])
-        slopes[key] = {
-            "per_minute": slope,
-            "over_run": slope * span if slope is not None else None,
-            "flat": None if slope is None or limit is None else abs(slope * span) <= limit,
-        }
-    task_rows = [s for s in after if s["tasks"] is not None]
-    task_slope = _slope([float(s["minute"]) for s in task_rows], [s["tasks"] for s in task_rows])
-    slopes["tasks"] = {"per_minute": task_slope}
+    slopes = fit_slopes(samples, args.warmup, args.flat_mb, args.flat_fds)
     return {
         "samples": samples,
         "events": events,
@@ -432,7 +464,15 @@ def main() -> None:
     parser.add_argument("--flat-mb", type=float, default=50.0)
     parser.add_argument("--flat-fds", type=float, default=5.0)
     parser.add_argument("--quick", action="store_true", help="4 minutes, 20 extra NPCs")
+    parser.add_argument(
+        "--refit",
+        type=Path,
+        help="only fit the slopes of this results file again, from its samples",
+    )
     args = parser.parse_args()
+    if args.refit:
+        refit(args.refit)
+        return
     if args.quick:
         args.minutes, args.npcs_extra, args.warmup = 4, 20, 1
     out = run(args)

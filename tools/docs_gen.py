@@ -672,7 +672,18 @@ def _soak() -> str:
         f"{'on' if data['voice'] else 'off'}; {events}.\n\n"
         + _table(header, rows)
         + f"\nSlopes after minute {data['warmup_minutes']}: "
-        + ", ".join((slope("rss_mb", "MB"), slope("fds", "fds"), slope("threads", "threads")))
+        + ", ".join(
+            (
+                slope("rss_mb", "MB"),
+                *(
+                    [slope("rss_less_parked_mb", "MB") + " (resident less parked KV)"]
+                    if "rss_less_parked_mb" in slopes
+                    else []
+                ),
+                slope("fds", "fds"),
+                slope("threads", "threads"),
+            )
+        )
         + f", {slope('tasks', 'tasks')}. Errors {res['errors']} "
         + f"({', '.join(f'{k} {v}' for k, v in res['error_kinds'].items()) or 'none'}); "
         + f"the server {'ran to the end' if res['server_survived'] else 'did not survive'}.\n\n"
