@@ -6,10 +6,12 @@ of parked KV, after a world reload built its new index beside the old one. Two r
 the server and the speech workers:
 
 - `fix_mmap_threshold`: blocks of a MiB or more always get pages of their own (`mmap`), which
-  go back to the system when freed (process-wide: `mythic serve` and the speech workers set it
-  for themselves). By default glibc raises that threshold to the size of each
-  such block freed (up to 32 MiB), after which blocks of parked KV, prompts' token arrays and
-  audio come from the heap and leave it fragmented, resident memory rising in steps.
+  go back to the system when freed (process-wide: `mythic serve` sets it for itself; the
+  speech workers do not: onnxruntime without its arena then maps and faults in every large
+  buffer of every clause, measured 80% slower synthesis). By default glibc raises that
+  threshold to the size of each such block freed (up to 32 MiB), after which blocks of parked
+  KV, prompts' token arrays and audio come from the heap and leave it fragmented, resident
+  memory rising in steps.
 - `trim`: `malloc_trim(0)`, the free pages of every arena back to the system.
 """
 

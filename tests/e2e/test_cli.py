@@ -144,6 +144,10 @@ def test_a_missing_model_names_the_fix(tmp_path: Path) -> None:
     assert "mythic models fetch qwen2.5-coder-0.5b-instruct" in result.stderr
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_cuts_the_npc_off_and_the_chat_goes_on() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "mythic", "chat", "--world", str(EXAMPLE_WORLD), "--npc", "marla"],
@@ -152,6 +156,9 @@ def test_ctrl_c_cuts_the_npc_off_and_the_chat_goes_on() -> None:
         stderr=subprocess.PIPE,
         cwd=ROOT,
         env={**os.environ, "MYTHIC_CHAT__MAX_TOKENS": "400", "MYTHIC_CHAT__TEMPERATURE": "0"},
+        # Ctrl-C as a terminal sends it, even where this suite runs with SIGINT ignored (a
+        # background job of a script: the chat would inherit that and never hear it).
+        preexec_fn=_default_sigint,
     )
     assert proc.stdin is not None and proc.stdout is not None
     try:

@@ -95,7 +95,8 @@ class SpeechSettings(Section):
     # -- synthesis -------------------------------------------------------------------------------
 
     tts_workers: int = Field(default=1, ge=1, le=32)
-    """TTS worker processes, each with its own Piper voice (about 160 MB resident each)."""
+    """TTS worker processes, each with its own Piper voice (170-260 MB resident each, its arena
+    growing with the longest clause; about 160 MB without `tts_arena`)."""
 
     tts_threads: int = Field(default=1, ge=1, le=64)
     """CPU threads of each TTS worker's Piper model."""
@@ -105,10 +106,11 @@ class SpeechSettings(Section):
     visemes), is kept: the TTS workers load that file instead of patching the voice in memory
     each start (which left 70 MB more resident in each)."""
 
-    tts_arena: bool = False
+    tts_arena: bool = True
     """Let onnxruntime keep the Piper model's intermediate buffers in its memory arena between
-    clauses. Measured on 2 CPU cores: about 12% faster synthesis for 80-100 MB more resident
-    memory in each TTS worker (the arena grows to the longest clause's needs and keeps it)."""
+    clauses (the arena grows to the longest clause's needs and keeps it). Measured on 2 CPU
+    cores: off, each TTS worker holds 80-100 MB less and synthesises 12-14% slower (far slower
+    where large blocks are mapped on their own, as `mythic serve` has them)."""
 
     sample_rate: int = Field(default=22050, ge=8000, le=48000)
     """Sample rate of synthesised speech (Piper's joe voice and espeak-ng speak at 22050 Hz;

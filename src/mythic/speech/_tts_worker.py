@@ -71,7 +71,7 @@ class Synthesizer:
                     config["piper_config"],
                     config["threads"],
                     cache_dir=config.get("cache_dir"),
-                    arena=config.get("arena", False),
+                    arena=config.get("arena", True),
                 )
             except (ImportError, SpeechModelError) as exc:
                 self._piper_error = str(exc)
@@ -224,7 +224,7 @@ class Synthesizer:
 
 
 def _load_piper(
-    model: str, config: str, threads: int, *, cache_dir: str | None = None, arena: bool = False
+    model: str, config: str, threads: int, *, cache_dir: str | None = None, arena: bool = True
 ) -> Any:
     """A Piper voice whose ONNX graph also outputs phoneme durations (the alignments)."""
     piper = require("piper", package="piper-tts", extra="speech")

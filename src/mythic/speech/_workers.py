@@ -38,7 +38,7 @@ from types import TracebackType
 from typing import Any, Protocol, Self
 
 from mythic._errors import MissingExtraError, MythicError
-from mythic._heap import fix_mmap_threshold, trim
+from mythic._heap import trim
 from mythic.speech import _errors
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,6 @@ def child_entry() -> None:
 def child_main(module: str, conn: Connection, config: dict[str, Any]) -> None:
     """Entry point of a worker process: load the engine, then serve jobs until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    fix_mmap_threshold()
     try:
         engine: Engine = importlib.import_module(module).load(config)
     except Exception as exc:  # top-level handler of the worker: report, then exit
