@@ -109,8 +109,7 @@ class SpeechSettings(Section):
     tts_arena: bool = True
     """Let onnxruntime keep the Piper model's intermediate buffers in its memory arena between
     clauses (the arena grows to the longest clause's needs and keeps it). Measured on 2 CPU
-    cores: off, each TTS worker holds 80-100 MB less and synthesises 12-14% slower (far slower
-    where large blocks are mapped on their own, as `mythic serve` has them)."""
+    cores: off, each TTS worker holds 80-100 MB less and synthesises 12-14% slower."""
 
     sample_rate: int = Field(default=22050, ge=8000, le=48000)
     """Sample rate of synthesised speech (Piper's joe voice and espeak-ng speak at 22050 Hz;

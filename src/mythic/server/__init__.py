@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from mythic._extras import require
-from mythic._heap import fix_mmap_threshold
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -127,9 +126,6 @@ def serve(
     from mythic.knowledge import load_world
     from mythic.route import open_router
 
-    # Large blocks (parked KV, audio, prompts' token arrays) on pages of their own, given back
-    # when freed: the whole process's allocator, set by the program that owns it.
-    fix_mmap_threshold()
     world = load_world(world_path, max_lore_bytes=settings.knowledge.max_lore_bytes)
     for problem in world.skipped:
         announce(f"lore skipped: {problem}")
