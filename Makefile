@@ -39,6 +39,9 @@ LLAMA_SERVER_ARGS := -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUIL
 # sox (voice effect chains). Debian packages: installed with apt-get when missing and run as
 # root, else the command is printed (their tests then skip, or fail under CI=true).
 SPEECH_PROGRAMS := espeak-ng sox
+# The speech extra's turn model, Smart Turn v3.2 (BSD-2-Clause), ships inside Pipecat's wheel:
+# installed for that file only, without Pipecat's dependencies, as the model packages are.
+SMART_TURN_WHEEL := pipecat-ai
 # The client SDKs' toolchains, Debian packages installed the same way: Node 20+ and npm
 # (clients/typescript), Mono, NUnit and Newtonsoft.Json (clients/unity), the headless Godot 3
 # runtime (clients/godot). Each is a program or file and the package that has it; the SDKs'
@@ -79,6 +82,7 @@ $(VENV)/.llama-$(LLAMA_TAG): $(LLAMA_WHEELS)/.built | $(PY)
 $(INSTALLED): pyproject.toml constraints.txt $(VENV)/.llama-$(LLAMA_TAG) | $(PY)
 	$(PY) -m pip install --quiet -c constraints.txt --find-links $(LLAMA_WHEELS) \
 		--only-binary llama-cpp-python -e '.[$(EXTRAS)]'
+	$(if $(findstring speech,$(EXTRAS)),$(PY) -m pip install --quiet --no-deps -c constraints.txt $(SMART_TURN_WHEEL))
 	touch $@
 
 setup: $(INSTALLED) models programs clients

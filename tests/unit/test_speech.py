@@ -37,6 +37,7 @@ from mythic.speech import (
     SpeechModelError,
     SpeechPaused,
     SpeechPoolClosedError,
+    SpeechResumed,
     SpeechSettings,
     SpeechStarted,
     SpeechTimeoutError,
@@ -519,6 +520,8 @@ def test_push_to_talk_press_and_release_delimit_the_utterance() -> None:
 class FakeASR:
     """Transcribes instantly: the text says how much audio it got."""
 
+    turn_model = None  # no turn model: turns end on silence alone
+
     def __init__(self, settings: SpeechSettings) -> None:
         self.settings = settings
         self.partials = 0
@@ -666,8 +669,10 @@ async def test_speech_after_a_pause_drops_the_early_transcript() -> None:
         asr.go.set()
         events = await read_all(listener)
     assert asr.cancelled == 1
-    assert [type(e) for e in events] == [SpeechStarted, SpeechPaused, SpeechEnded, FinalTranscript]
-    _, paused, ended, final = events
+    kinds = [type(e) for e in events]
+    assert kinds == [SpeechStarted, SpeechPaused, SpeechResumed, SpeechEnded, FinalTranscript]
+    _, paused, resumed, ended, final = events
+    assert resumed.utterance == 1
     assert asr.finals == [paused.pcm, ended.pcm]
     assert not final.early
     assert final.transcript.duration_s == pytest.approx(ended.duration_s)

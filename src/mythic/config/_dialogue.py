@@ -70,6 +70,13 @@ class DialogueSettings(Section):
     words and 325 ms for 18 on one core, and the model need not generate the whole sentence
     first. 0 waits for the first comma or full stop; else at least 3."""
 
+    preempt_spoken_lines: bool = True
+    """Start the reply to a spoken line before the player's turn has surely ended: from the
+    transcript of their words up to a pause, when the turn model has said "not yet" or has
+    not said (`speech.turn_detector`). Nothing of the reply leaves the server until the final
+    transcript says the same words; if the player goes on speaking, or the words differ, it
+    is dropped without a trace (counted: `mythic_voice_preempted_total{outcome}`)."""
+
     prefill_while_speaking: bool = True
     """While the player is still speaking, compute the reply's prompt from their partial
     transcript: the session's memory, the lore retrieved for the words so far, and the KV of

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -40,6 +41,31 @@ class SpeechSettings(Section):
     final, which so comes up to `trailing_silence_ms - early_final_ms` sooner; if speech goes
     on, it is dropped (the ASR time is spent for nothing). Must be below
     `trailing_silence_ms`; 0 turns it off. Not used in push-to-talk."""
+
+    turn_detector: Literal["smart_turn", "silence"] = "smart_turn"
+    """What decides, at a pause, that the player has finished: `smart_turn` asks a turn model
+    (Smart Turn v3.2, shipped in the `pipecat-ai` wheel; run in the ASR workers) on the audio so
+    far, at the pause of `early_final_ms`: "finished" ends the turn at once, "not yet" lets the
+    silence go on to `turn_wait_ms` (a mid-sentence pause, an "emmm", a list of digits read
+    out). `silence`: every turn ends after `trailing_silence_ms` of silence. Without the
+    model installed, or with `early_final_ms` 0 (no pause to ask at), `smart_turn` works as
+    `silence` (a warning says so when the model is missing)."""
+
+    turn_model: Path | None = None
+    """Smart Turn's ONNX file; default: the one in the installed `pipecat-ai` wheel."""
+
+    turn_threshold: float = Field(default=0.5, gt=0.0, lt=1.0)
+    """The turn model's probability at or above which the player has finished."""
+
+    turn_wait_ms: int = Field(default=1200, ge=100, le=10000)
+    """Silence after which a turn the model called unfinished ends anyway (and one whose
+    verdict has not come; a failed verdict falls back to `trailing_silence_ms`)."""
+
+    barge_in_min_ms: int = Field(default=500, ge=0, le=5000)
+    """While an NPC speaks, the player's voice pauses it only once they have spoken this long
+    (or said words that are no backchannel, in a partial transcript): shorter sounds, "mm-hm"
+    or a cough, never stop it. The final transcript then decides: words cut the NPC off
+    (barge-in); a backchannel or nothing recognised lets it go on (`TurnTaking` on the card)."""
 
     speech_pad_ms: int = Field(default=200, ge=0, le=1000)
     """Audio kept before the speech started and after it stopped, handed to ASR with it."""
@@ -140,6 +166,16 @@ class SpeechSettings(Section):
     def _release_below_threshold(self) -> SpeechSettings:
         if self.vad_release > self.vad_threshold:
             raise ValueError("vad_release must not exceed vad_threshold")
+        return self
+
+    @model_validator(mode="after")
+    def _turn_checked_at_a_pause(self) -> SpeechSettings:
+        if self.turn_wait_ms < self.trailing_silence_ms:
+            raise ValueError(
+                f"turn_wait_ms ({self.turn_wait_ms}) must be at least trailing_silence_ms "
+                f"({self.trailing_silence_ms}): it is the silence allowed when the turn model "
+                "says the player has not finished"
+            )
         return self
 
     @model_validator(mode="after")

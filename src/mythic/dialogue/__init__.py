@@ -15,6 +15,7 @@ from mythic.dialogue._cast import (
 )
 from mythic.dialogue._character import Scene
 from mythic.dialogue._chat import Chat, PlayerInputError, open_chat
+from mythic.dialogue._events import Hold
 from mythic.dialogue._line_filter import LineFilter
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError, MailboxFullError
 from mythic.dialogue._naturalness import (
@@ -83,6 +84,7 @@ __all__ = [
     "DialogueStateMachine",
     "DialogueStats",
     "Finding",
+    "Hold",
     "IllegalTransitionError",
     "Lane",
     "LineFilter",

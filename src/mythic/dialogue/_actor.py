@@ -220,7 +220,13 @@ class NPCActor:
                     self._held.append(event)
             case StopTurn():
                 turn = self._turn
-                if (
+                if event.reason == "discarded":
+                    # A preemptive reply not confirmed: it alone stops, unannounced (nothing
+                    # of it left the server); the line that replaces it may be waiting.
+                    if turn is not None and turn.line.turn_id == event.turn_id:
+                        await self._stop_turn("discarded", announce=False)
+                        self._next_held(tasks)
+                elif (
                     turn is not None
                     and turn.line.session_id == event.session_id
                     and event.turn_id in (None, turn.line.turn_id)
@@ -237,11 +243,13 @@ class NPCActor:
                     for line in waiting:
                         if isinstance(line, PlayerLine):
                             self.turns.unanswered(line)
+                    if event.heard is not None:
+                        self.turns.heard[turn.line.turn_id] = event.heard
                     await self._stop_turn(event.reason, announce=False)
                     self._next_held(tasks)
                 elif event.reason == "barge_in" and event.turn_id is not None:
                     # The reply was all written but still being spoken when the player cut in.
-                    self.turns.mark_interrupted(event.session_id, event.turn_id)
+                    self.turns.mark_interrupted(event.session_id, event.turn_id, event.heard)
             case SceneChange(update=update):
                 scene = self.character.scene
                 if update.zone is not None:
@@ -316,6 +324,8 @@ class NPCActor:
         turn.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await turn.task
+        if reason == "discarded":
+            return
         if not turn.started:
             # Stopped before its first step (the next line came at once): the turn never ran,
             # so it never sent its final delta; the line still gets one.
@@ -331,6 +341,9 @@ class NPCActor:
     def _state_changed(self, state: DialogueState) -> None:
         if self._state_of is None:
             return
+        running = self._turn
+        if running is not None and running.line.hold is not None and running.line.hold.held:
+            return  # a preemptive reply shows nothing until it is confirmed
         session_id, turn_id = self._state_of
         self.stage.send(
             session_id,

@@ -33,6 +33,7 @@ from mythic.contracts import (
 from mythic.dialogue._actor import NPCActor
 from mythic.dialogue._events import (
     AskIntent,
+    Hold,
     PlayerLine,
     PrepareLine,
     SceneChange,
@@ -222,10 +223,15 @@ class Cast:
         tools: bool = True,
         player_id: str | None = None,
         spoken: bool = False,
+        hold: Hold | None = None,
+        heard: str | None = None,
     ) -> None:
         """Route a client message to its NPC without waiting. `player_id`: whom the session
         belongs to, so the NPC remembers them; `spoken`: a line the player said aloud (its
-        reply is spoken, and capped at `dialogue.spoken_max_sentences`).
+        reply is spoken, and capped at `dialogue.spoken_max_sentences`); `hold`: a
+        `PlayerUtterance` answered preemptively, its reply held until `hold.release()` (see
+        `Hold`; `discard` drops it); `heard`: with a `Cutoff`, the words of the reply the
+        player heard (the history keeps those alone).
 
         Raises:
             UnknownNPCError: the message names an NPC the world does not have.
@@ -237,12 +243,19 @@ class Cast:
             case PlayerUtterance():
                 self.actor(message.npc_id).deliver(
                     PlayerLine(
-                        session_id, message.turn_id, message.text, now, tools, player_id, spoken
+                        session_id,
+                        message.turn_id,
+                        message.text,
+                        now,
+                        tools,
+                        player_id,
+                        spoken,
+                        hold,
                     )
                 )
             case Cutoff():
                 self.actor(message.npc_id).deliver(
-                    StopTurn(session_id, message.turn_id, message.reason)
+                    StopTurn(session_id, message.turn_id, message.reason, heard)
                 )
             case SceneUpdate():
                 self.actor(message.npc_id).deliver(SceneChange(message))
@@ -252,6 +265,13 @@ class Cast:
                 self.ack(session_id, message)
             case _:
                 raise MythicError(f"{message.type} is not routed to NPCs")
+
+    def discard(self, session_id: str, npc_id: str, turn_id: str, hold: Hold) -> None:
+        """Drop a preemptive reply (`deliver(..., hold=hold)`) the player's final line did not
+        confirm: it stops, and nothing of it is sent or kept; the session's other lines stay."""
+        hold.discard()
+        with contextlib.suppress(MythicError):
+            self.actor(npc_id).deliver(StopTurn(session_id, turn_id, "discarded"))
 
     def session_gone(self, session_id: str, *, forget: bool) -> None:
         """A session disconnected (`forget=False`: it may resume) or ended: its turns stop."""

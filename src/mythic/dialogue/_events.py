@@ -2,9 +2,60 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from mythic.contracts import IntentRequest, SceneUpdate
+
+
+class Hold:
+    """The gate of a preemptive reply: a line started before the player had surely finished
+    (from the transcript at a pause). The reply is generated at once, but nothing of it leaves
+    the server (deltas, speech, the turn's end, tool calls) until `release()`: the player's
+    final line is the same. `discard()`: it is not; the turn is stopped and leaves no trace
+    (no history, no memory, no delta)."""
+
+    def __init__(self) -> None:
+        self.state: Literal["held", "released", "discarded"] = "held"
+        self._event = asyncio.Event()
+        self._on_release: list[Callable[[], None]] = []
+
+    @property
+    def held(self) -> bool:
+        return self.state == "held"
+
+    @property
+    def discarded(self) -> bool:
+        return self.state == "discarded"
+
+    def on_release(self, callback: Callable[[], None]) -> None:
+        """Call `callback` at `release()` (at once if released already)."""
+        if self.state == "released":
+            callback()
+        elif self.state == "held":
+            self._on_release.append(callback)
+
+    def release(self) -> None:
+        if self.state != "held":
+            return
+        self.state = "released"
+        self._event.set()
+        callbacks, self._on_release = self._on_release, []
+        for callback in callbacks:
+            callback()
+
+    def discard(self) -> None:
+        if self.state == "held":
+            self.state = "discarded"
+            self._on_release.clear()
+            self._event.set()
+
+    async def wait(self) -> bool:
+        """Until released (True) or discarded (False)."""
+        await self._event.wait()
+        return self.state == "released"
 
 
 @dataclass(slots=True, frozen=True)
@@ -24,6 +75,8 @@ class PlayerLine:
     """The player said it aloud (voice): the reply is spoken too, and ends after
     `dialogue.spoken_max_sentences` sentences; its lore is what was prepared while the
     player spoke and `dialogue.more_lore_tokens` more (`dialogue.prefill_while_speaking`)."""
+    hold: Hold | None = None
+    """A preemptive reply's gate: its output waits for `Hold.release` (see `Hold`)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,6 +98,11 @@ class StopTurn:
     turn_id: str | None
     """The turn to stop; None stops whatever turn of the session is running."""
     reason: str = "barge_in"
+    """`barge_in`, `cancelled`, ...; `discarded`: a preemptive reply the player's final line
+    did not confirm (it stops alone: the session's waiting lines stay)."""
+    heard: str | None = None
+    """The words of the reply the player heard before it stopped (the voice layer knows,
+    from what the client played); the history keeps those alone. None: all it wrote."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -108,10 +108,12 @@ class Turns:
         self._enter = enter
         self.last: TurnRecord | None = None
         """The last turn that ended."""
+        self.heard: dict[str, str] = {}
+        """Of a turn being stopped by a barge-in: the words the player heard of its reply."""
 
-    def mark_interrupted(self, session_id: str, turn_id: str) -> None:
+    def mark_interrupted(self, session_id: str, turn_id: str, heard: str | None = None) -> None:
         """The player cut in while the reply to `turn_id`, all written, was being spoken:
-        its history says so."""
+        its history says so, and keeps only the words the player `heard` (when known)."""
         last = self.last
         session = self.sessions.get(session_id)
         history = session.history if session is not None else None
@@ -124,7 +126,8 @@ class Turns:
             or history[-1].content.endswith(INTERRUPTED_NOTE)
         ):
             return
-        history[-1] = ChatMessage("assistant", f"{history[-1].content} {INTERRUPTED_NOTE}")
+        said = history[-1].content if heard is None else heard.strip()
+        history[-1] = ChatMessage("assistant", f"{said} {INTERRUPTED_NOTE}".strip())
         self.last = dataclasses.replace(last, finish="cutoff")
         self.stage.stats.barge_ins += 1
 
@@ -187,6 +190,8 @@ class Turns:
                         out.reason = "stop"
                         stage.stats.capped += 1
                         break
+            if line.hold is not None and not await line.hold.wait():
+                raise asyncio.CancelledError  # a preemptive reply not confirmed: dropped
             out.flush_phrases()  # the reply's last words are spoken while the decision ends
             if speaking:  # the decision and a tool's round trip are not speech: free the slot
                 stage.speakers.release()
@@ -207,40 +212,55 @@ class Turns:
             raise
         except (RequestError, EngineError) as exc:
             out.reason = "error"
-            stage.send(session_id, error_message(exc, turn_id=line.turn_id))
+            failed = error_message(exc, turn_id=line.turn_id)
+            out.emit(lambda: stage.send(session_id, failed))
         finally:
             if decision_task is not None:
                 decision_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, MythicError):
                     await decision_task
             out.close()
-            said = out.text().strip()
-            if memory is not None and line.player_id is not None:
-                npc_id = self.character.npc_id
-                memory.record_turn(npc_id, line.player_id, session_id, "player", line.text)
-                if said:
-                    memory.record_turn(npc_id, line.player_id, session_id, "npc", said)
-            # After a barge-in the next turn knows: the model sees where it was stopped.
-            kept = f"{said} {INTERRUPTED_NOTE}" if out.reason == "cutoff" and said else said
-            if out.history_open:
-                history.append(ChatMessage("assistant", kept or "..."))
-            elif said:  # the context told stays with its exchange: it is not told again
-                history += [*out.context, user, ChatMessage("assistant", kept)]
-            session.trim(settings.chat.history_turns)
-            self.last = TurnRecord(
-                session_id,
-                line.turn_id,
-                said,
-                out.reason,
-                out.intent,
-                out.tool_calls,
-                out.first_phrase_tokens,
-                out.caught,
-            )
-            stage.stats.turn_finished(out.reason)
+            # A preemptive reply not confirmed left nothing: no history, memory or record.
+            if line.hold is None or not line.hold.discarded:
+                self._keep(out, session, user, memory is not None)
             if speaking:
                 stage.speakers.release()
             self._enter(DialogueState.IDLE)
+
+    def _keep(self, out: TurnOutput, session: Session, user: ChatMessage, remember: bool) -> None:
+        """What the session (history), memory and `last` keep of a finished turn."""
+        stage, line, session_id = self.stage, out.line, out.line.session_id
+        memory = stage.memory if remember else None
+        history = session.history
+        said = out.text().strip()
+        heard = self.heard.pop(line.turn_id, None)
+        if out.reason == "cutoff" and heard is not None:
+            said = heard.strip()  # what the player heard before cutting in, no more
+        if memory is not None and line.player_id is not None:
+            npc_id = self.character.npc_id
+            memory.record_turn(npc_id, line.player_id, session_id, "player", line.text)
+            if said:
+                memory.record_turn(npc_id, line.player_id, session_id, "npc", said)
+        # After a barge-in the next turn knows: the model sees where it was stopped.
+        kept = f"{said} {INTERRUPTED_NOTE}" if out.reason == "cutoff" and said else said
+        if out.reason == "cutoff" and heard is not None and not said and out.text().strip():
+            kept = INTERRUPTED_NOTE  # cut off before a whole word of it was heard
+        if out.history_open:
+            history.append(ChatMessage("assistant", kept or "..."))
+        elif kept:  # the context told stays with its exchange: it is not told again
+            history += [*out.context, user, ChatMessage("assistant", kept)]
+        session.trim(stage.settings.chat.history_turns)
+        self.last = TurnRecord(
+            session_id,
+            line.turn_id,
+            said,
+            out.reason,
+            out.intent,
+            out.tool_calls,
+            out.first_phrase_tokens,
+            out.caught,
+        )
+        stage.stats.turn_finished(out.reason)
 
     async def _checked_reply(
         self,
@@ -547,28 +567,48 @@ class TurnOutput:
         """Text deltas the model has streamed for this turn (every try)."""
         self.first_phrase_tokens: int | None = None
         self.caught: list[str] = []
+        self._held: list[Callable[[], None]] | None = None
+        """While a preemptive reply is held (`PlayerLine.hold`): what it would have sent."""
+        if line.hold is not None and line.hold.held:
+            self._held = []
+            line.hold.on_release(self._released)
 
     def text(self) -> str:
         return "".join(self._pieces)
 
+    def emit(self, action: Callable[[], None]) -> None:
+        """Send now, or when the preemptive reply is confirmed (dropped if it never is)."""
+        if self._held is None:
+            action()
+        else:
+            self._held.append(action)
+
+    def _released(self) -> None:
+        held, self._held = self._held or [], None
+        for action in held:
+            action()
+
     def _delta(self, text: str, *, final: bool = False, reason: Finish | None = None) -> None:
         stage, line = self.stage, self.line
-        if self.seq == 0 and not final:
-            stage.stats.first_token(time.perf_counter() - line.received_at)
-            stage.first_token(line.session_id, self.npc_id, line.turn_id)
-        stage.send(
-            line.session_id,
-            LLMStreamDelta(
-                npc_id=self.npc_id,
-                session_id=line.session_id,
-                turn_id=line.turn_id,
-                seq=self.seq,
-                delta=text,
-                final=final,
-                finish_reason=reason,
-            ),
+        delta = LLMStreamDelta(
+            npc_id=self.npc_id,
+            session_id=line.session_id,
+            turn_id=line.turn_id,
+            seq=self.seq,
+            delta=text,
+            final=final,
+            finish_reason=reason,
         )
+        first = self.seq == 0 and not final
         self.seq += 1
+
+        def send() -> None:
+            if first:
+                stage.stats.first_token(time.perf_counter() - line.received_at)
+                stage.first_token(line.session_id, self.npc_id, line.turn_id)
+            stage.send(line.session_id, delta)
+
+        self.emit(send)
 
     def say(self, text: str) -> None:
         if self._max_sentences:
@@ -589,7 +629,8 @@ class TurnOutput:
         if not self.phrases:
             self.first_phrase_tokens = self.model_tokens
         self.phrases += 1
-        self.stage.phrase(self.line.session_id, self.npc_id, self.line.turn_id, text)
+        line = self.line
+        self.emit(lambda: self.stage.phrase(line.session_id, self.npc_id, line.turn_id, text))
 
     def flush_phrases(self) -> None:
         """Send the words the phrase buffer holds to speech (the reply has ended)."""
@@ -614,7 +655,10 @@ class TurnOutput:
             self._closed = True
             if self._segment_open or self.seq == 0 or self.reason in ("cutoff", "error"):
                 self.end_segment(self.reason)
-            self.stage.reply_done(self.line.session_id, self.npc_id, self.line.turn_id, self.reason)
+            line, reason = self.line, self.reason
+            self.emit(
+                lambda: self.stage.reply_done(line.session_id, self.npc_id, line.turn_id, reason)
+            )
 
 
 def _tool_note(name: str, args: dict[str, Any], outcome: ToolOutcome) -> str:

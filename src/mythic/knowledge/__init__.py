@@ -38,7 +38,15 @@ from mythic.knowledge._pack import (
     persona_prompt,
 )
 from mythic.knowledge._tokens import CHARS_PER_TOKEN, TokenCounter, approx_tokens, fit_tokens
-from mythic.knowledge._world import LoreDoc, Persona, World, WorldCard, Zone, load_world
+from mythic.knowledge._world import (
+    LoreDoc,
+    Persona,
+    TurnTaking,
+    World,
+    WorldCard,
+    Zone,
+    load_world,
+)
 
 __all__ = [
     "ANSWER_NOTE",
@@ -64,6 +72,7 @@ __all__ = [
     "SceneObject",
     "SceneState",
     "TokenCounter",
+    "TurnTaking",
     "World",
     "WorldCard",
     "WorldLoadError",

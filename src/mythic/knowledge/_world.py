@@ -40,6 +40,28 @@ class _Card(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+Word = Annotated[
+    str,
+    StringConstraints(
+        strip_whitespace=True, to_lower=True, pattern=r"^[A-Za-z']+(?:-[A-Za-z']+)*$", max_length=32
+    ),
+]
+
+
+class TurnTaking(_Card):
+    """How an NPC that is speaking takes the player's voice over its own (voice sessions)."""
+
+    backchannels: list[Word] = Field(default_factory=list, max_length=64)
+    """More words that, alone (at most three), are a listener's acknowledgement and not a bid
+    for the turn, besides the built-in ones ("yeah", "mm-hm", "right", "I see", ...): e.g. an
+    archetype's own grunt ("aye", "hrm")."""
+    ignore_backchannels: bool = True
+    """A backchannel while the NPC speaks does not stop it; False: any words cut it off."""
+    resume_after_noise: bool = True
+    """The NPC, paused because the player seemed to speak, goes on when that sound turns out to
+    hold no words (a cough, a bump); False: it stays stopped (the reply is cut off)."""
+
+
 class Persona(_Card):
     """A persona card: who an NPC is and how it talks (`npcs/<id>.yaml`)."""
 
@@ -60,6 +82,8 @@ class Persona(_Card):
     its archetype's voice."""
     voice_id: Slug | None = None
     """The voice profile for speech."""
+    turn_taking: TurnTaking = Field(default_factory=TurnTaking)
+    """How it takes being talked over while it speaks: backchannels, noises."""
     backstory: (
         Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
         | None

@@ -3,7 +3,8 @@
 Speech in: `Listener` runs Silero VAD on a 16 kHz microphone stream (`Endpointer`: start after
 `min_speech_ms` of speech, end after `trailing_silence_ms` of silence, or push-to-talk), asks
 an `ASRPool` of Whisper worker processes for partial transcripts while the player speaks and
-a final transcript at the endpoint (started early, at a pause of `early_final_ms`). Speech
+a final transcript at the endpoint (started early, at a pause of `early_final_ms`, where a
+turn model, Smart Turn v3.2, also says whether the player has finished). Speech
 out: `TTSPool` speaks a phrase clause by clause in a `VoiceProfile` (Piper or espeak-ng, rate,
 pitch, a sox effect chain) and streams 40-80 ms PCM chunks with a viseme track (`VISEMES`, the
 Oculus/Meta set) for lip-sync.
@@ -31,11 +32,14 @@ plus the `espeak-ng` and `sox` programs (`make setup` does both).
 
 from mythic.speech._asr import (
     ASRPool,
+    EarlyTranscript,
     FinalTranscript,
     HeardEvent,
     Listener,
     PartialTranscript,
+    SpeechResumed,
     Transcript,
+    TurnPredicted,
     whisper_model_dir,
 )
 from mythic.speech._audio import ASR_SAMPLE_RATE, read_wav, write_wav
@@ -54,6 +58,7 @@ from mythic.speech._errors import (
 from mythic.speech._settings import SpeechSettings
 from mythic.speech._text import split_clauses
 from mythic.speech._tts import SpeechChunk, SpeechStream, TTSPool, piper_voice_files, write_preview
+from mythic.speech._turn import TurnModel, smart_turn_path
 from mythic.speech._vad import (
     FRAME_SAMPLES,
     Endpointer,
@@ -77,6 +82,7 @@ __all__ = [
     "VISEMES",
     "ASRPool",
     "AudioFormatError",
+    "EarlyTranscript",
     "EndpointEvent",
     "Endpointer",
     "FinalTranscript",
@@ -93,6 +99,7 @@ __all__ = [
     "SpeechModelError",
     "SpeechPaused",
     "SpeechPoolClosedError",
+    "SpeechResumed",
     "SpeechSettings",
     "SpeechStarted",
     "SpeechStream",
@@ -100,6 +107,8 @@ __all__ = [
     "SpeechWorkerError",
     "TTSPool",
     "Transcript",
+    "TurnModel",
+    "TurnPredicted",
     "UnknownVoiceError",
     "Viseme",
     "VoiceProfile",
@@ -108,6 +117,7 @@ __all__ = [
     "piper_voice_files",
     "read_wav",
     "silero_vad_path",
+    "smart_turn_path",
     "split_clauses",
     "viseme_for",
     "viseme_track",

@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -22,6 +24,7 @@ from mythic.speech._errors import (
     SpeechWorkerError,
 )
 from mythic.speech._settings import SpeechSettings
+from mythic.speech._turn import smart_turn_path
 from mythic.speech._vad import (
     Endpointer,
     EndpointEvent,
@@ -34,11 +37,14 @@ from mythic.speech._workers import PooledWorkers, WorkerPool
 
 __all__ = [
     "ASRPool",
+    "EarlyTranscript",
     "FinalTranscript",
     "HeardEvent",
     "Listener",
     "PartialTranscript",
+    "SpeechResumed",
     "Transcript",
+    "TurnPredicted",
     "whisper_model_dir",
 ]
 
@@ -106,6 +112,11 @@ class ASRPool(PooledWorkers):
     def __init__(self, settings: SpeechSettings | None = None) -> None:
         self.settings = settings or SpeechSettings()
         self._pool: WorkerPool | None = None
+        self.turn_model: Path | None = None
+        """Smart Turn's model when the workers run it (`speech.turn_detector: smart_turn` and
+        the model installed); None: turns end on silence alone."""
+        self.turn_error: str | None = None
+        """Why the turn model is not used though asked for (not installed), else None."""
 
     async def start(self) -> None:
         """Start the workers and wait until their models are loaded.
@@ -116,8 +127,17 @@ class ASRPool(PooledWorkers):
         if self._pool is not None:
             return
         s = self.settings
+        self.turn_model, self.turn_error = None, None
+        if s.turn_detector == "smart_turn":
+            try:
+                self.turn_model = s.turn_model or smart_turn_path()
+            except SpeechModelError as exc:
+                # Voice still works, on silence alone: said once, and in /v1/health.
+                self.turn_error = f"{exc.message} ({exc.fix})" if exc.fix else exc.message
+                log.warning("turns end on silence alone: %s", self.turn_error)
         config = {
             "model_dir": str(whisper_model_dir(s)),
+            "turn_model": str(self.turn_model) if self.turn_model is not None else None,
             "threads": s.asr_threads,
             "language": s.asr_language,
             "window_s": s.asr_window_s,
@@ -134,7 +154,12 @@ class ASRPool(PooledWorkers):
         self._pool = pool
 
     async def transcribe(
-        self, pcm: bytes, sample_rate: int = ASR_SAMPLE_RATE, *, partial: bool = False
+        self,
+        pcm: bytes,
+        sample_rate: int = ASR_SAMPLE_RATE,
+        *,
+        partial: bool = False,
+        on_turn: Callable[[float], None] | None = None,
     ) -> Transcript:
         """Transcribe 16 kHz mono PCM16 audio.
 
@@ -143,6 +168,9 @@ class ASRPool(PooledWorkers):
             sample_rate: must be 16000 (`AudioFormatError` otherwise).
             partial: a partial transcript: decoded greedily, and refused at once with
                 `SpeechBusyError` when no worker is free rather than queued behind finals.
+            on_turn: also ask the turn model whether the player's turn is over (before the
+                transcript, in the same job): called with its probability as soon as it is
+                known. Needs `turn_model` (`SpeechModelError` otherwise).
 
         Raises:
             AudioFormatError: wrong rate, odd byte count, longer than 30 s.
@@ -155,22 +183,25 @@ class ASRPool(PooledWorkers):
         seconds = duration_s(pcm, sample_rate)
         if seconds > _MAX_ASR_S:
             raise AudioFormatError(f"{seconds:.1f} s of audio; one transcription takes <= 30 s")
+        if on_turn is not None and self.turn_model is None:
+            raise SpeechModelError("no turn model runs in the ASR workers (speech.turn_detector)")
         if not pcm:
             return Transcript("", self.settings.asr_language, 0.0, 0.0, partial)
         payload = {
             "pcm": bytes(pcm),
             "beam_size": 1 if partial else self.settings.asr_beam_size,
             "partial": partial,
+            "turn": on_turn is not None,
         }
         try:
-            result = await self._run(payload, partial=partial)
+            result = await self._run(payload, partial=partial, on_turn=on_turn)
         except SpeechWorkerError as exc:
             # The worker died under it: the request is idempotent, so a final (not a
             # partial, which a newer one replaces) is tried once more on the new worker.
             if partial or isinstance(exc, SpeechTimeoutError):
                 raise
             log.warning("ASR worker died during a transcription; trying again: %s", exc)
-            result = await self._run(payload, partial=partial)
+            result = await self._run(payload, partial=partial, on_turn=on_turn)
         if result is None:
             return Transcript("", self.settings.asr_language, seconds, 0.0, partial)
         return Transcript(
@@ -182,7 +213,13 @@ class ASRPool(PooledWorkers):
             window_s=result["window_s"],
         )
 
-    async def _run(self, payload: dict[str, Any], *, partial: bool) -> dict[str, Any] | None:
+    async def _run(
+        self,
+        payload: dict[str, Any],
+        *,
+        partial: bool,
+        on_turn: Callable[[float], None] | None = None,
+    ) -> dict[str, Any] | None:
         if self._pool is None:
             raise SpeechPoolClosedError("the ASR pool is not started")
         job = await self._pool.submit(
@@ -192,6 +229,9 @@ class ASRPool(PooledWorkers):
             # A full timeout of its own: time spent queueing must not count against a
             # worker that is computing (running out kills it as hung).
             has_item, item = await job.next(self.settings.asr_timeout_s)
+            if has_item and on_turn is not None and "turn" in item:
+                on_turn(float(item["turn"]))
+                has_item, item = await job.next(self.settings.asr_timeout_s)
             if has_item:
                 # Its "done" follows at once: wait for it, so the worker is free again
                 # when this returns (a partial asked for next would find it busy). The
@@ -230,7 +270,46 @@ class FinalTranscript:
     early: bool = False
 
 
-HeardEvent = SpeechStarted | SpeechPaused | SpeechEnded | PartialTranscript | FinalTranscript
+@dataclass(frozen=True, slots=True)
+class TurnPredicted:
+    """The turn model's verdict at a pause of utterance `utterance`: `complete` when its
+    `probability` reached `speech.turn_threshold` (the utterance then ends at once);
+    `took_s`: from the pause's event to the verdict (queueing in the ASR worker included)."""
+
+    utterance: int
+    probability: float
+    complete: bool
+    took_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechResumed:
+    """The player spoke again after a pause of utterance `utterance` (the pause's early final,
+    and any `EarlyTranscript` of it, no longer stand)."""
+
+    utterance: int
+
+
+@dataclass(frozen=True, slots=True)
+class EarlyTranscript:
+    """The transcript of utterance `utterance` up to its current pause, ready before the
+    utterance has ended (the turn model said "not yet", or has not said): the final's text
+    if the player says nothing more, the moment to start a reply preemptively."""
+
+    utterance: int
+    transcript: Transcript
+
+
+HeardEvent = (
+    SpeechStarted
+    | SpeechPaused
+    | SpeechEnded
+    | PartialTranscript
+    | TurnPredicted
+    | EarlyTranscript
+    | SpeechResumed
+    | FinalTranscript
+)
 
 _Outcome = tuple[Transcript, MythicError | None]
 
@@ -248,6 +327,12 @@ class Listener:
     the utterance's `SpeechEnded`, and late partials are dropped. Events, in order per
     utterance: `SpeechStarted`, `PartialTranscript`* and `SpeechPaused`* (each pause),
     `SpeechEnded`, `FinalTranscript`.
+
+    With a turn model (`speech.turn_detector: smart_turn` and the ASR pool running one), each
+    pause's early final also asks it whether the player has finished (`TurnPredicted`, before
+    the transcript, from the same worker job): "finished" ends the utterance at once, "not
+    yet" lets it wait up to `turn_wait_ms` of silence. An early transcript ready while the
+    utterance is still open comes as `EarlyTranscript` (after a pause's `TurnPredicted`).
 
         async with Listener(asr, settings) as listener:
             listener.feed(pcm)           # any number of times, from the socket handler
@@ -273,7 +358,16 @@ class Listener:
     ) -> None:
         self.asr = asr
         self.settings = settings or asr.settings
-        self.endpointer = Endpointer(self.settings, detector=detector, push_to_talk=push_to_talk)
+        self.turn = (
+            self.settings.turn_detector == "smart_turn"
+            and asr.turn_model is not None
+            and self.settings.early_final_ms > 0
+            and not push_to_talk
+        )
+        """Pauses are judged by the turn model (else turns end on silence alone)."""
+        self.endpointer = Endpointer(
+            self.settings, detector=detector, push_to_talk=push_to_talk, turn=self.turn
+        )
         self._events: asyncio.Queue[HeardEvent | None] = asyncio.Queue()
         self._finals: asyncio.Queue[
             tuple[int, SpeechEnded, asyncio.Task[_Outcome] | None] | None
@@ -369,7 +463,7 @@ class Listener:
             elif isinstance(event, SpeechPaused):
                 self._cancel_partial()  # the early final is better than any partial now
                 self._drop_early()
-                task = asyncio.get_running_loop().create_task(self._final(event.pcm))
+                task = asyncio.get_running_loop().create_task(self._early_final(event))
                 self._early_tasks.add(task)
                 task.add_done_callback(self._early_tasks.discard)
                 self._early = (event, task)
@@ -380,6 +474,7 @@ class Listener:
             self._events.put_nowait(event)
         if self._early is not None and not self.endpointer.paused:
             self._drop_early()  # the player spoke again after the pause
+            self._events.put_nowait(SpeechResumed(self._utterance))
 
     def _cancel_partial(self) -> None:
         if self._partial_task is not None:
@@ -420,10 +515,46 @@ class Listener:
         finally:
             self._events.put_nowait(None)  # the event stream ends with the finals, always
 
-    async def _final(self, pcm: bytes) -> _Outcome:
+    async def _early_final(self, pause: SpeechPaused) -> _Outcome:
+        """The final transcript started at `pause`; in turn mode, first the turn model's
+        verdict on it (which may end the utterance), and the transcript as `EarlyTranscript`
+        if the utterance is still open when it is ready."""
+        if not self.turn:
+            return await self._final(pause.pcm)
+        asked = time.perf_counter()
+        utterance = self._utterance
+        judged = False
+
+        def current() -> bool:
+            early = self._early
+            return early is not None and early[0] is pause and self.endpointer.paused
+
+        def on_turn(probability: float) -> None:
+            nonlocal judged
+            if judged or not current():
+                return
+            judged = True
+            complete = probability >= self.settings.turn_threshold
+            took = time.perf_counter() - asked
+            self._events.put_nowait(TurnPredicted(utterance, probability, complete, took))
+            self._handle(self.endpointer.verdict(complete))
+
+        outcome = await self._final(pause.pcm, on_turn=on_turn)
+        if not judged and current():
+            self._handle(self.endpointer.verdict(None))  # no verdict: the silence decides
+        transcript, error = outcome
+        if error is None and transcript.text and current():
+            self._events.put_nowait(EarlyTranscript(utterance, transcript))
+        return outcome
+
+    async def _final(
+        self, pcm: bytes, *, on_turn: Callable[[float], None] | None = None
+    ) -> _Outcome:
         """A final transcript of `pcm`; on failure an empty one, and the error."""
         try:
-            return await self.asr.transcribe(pcm, ASR_SAMPLE_RATE), None
+            if on_turn is None:
+                return await self.asr.transcribe(pcm, ASR_SAMPLE_RATE), None
+            return await self.asr.transcribe(pcm, ASR_SAMPLE_RATE, on_turn=on_turn), None
         except MythicError as exc:
             seconds = duration_s(pcm, ASR_SAMPLE_RATE)
             return Transcript("", self.settings.asr_language, seconds, 0.0), exc

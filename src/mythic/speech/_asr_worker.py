@@ -27,10 +27,12 @@ import re
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from mythic._extras import require
 from mythic.speech._errors import SpeechModelError
+from mythic.speech._turn import TurnModel
 
 _FULL_WINDOW_S = 30.0  # what Whisper was trained on
 _FRAMES_PER_S = 100  # mel frames (10 ms hop)
@@ -51,6 +53,7 @@ def load(config: dict[str, Any]) -> Recognizer:
         language=config["language"],
         window_s=config.get("window_s", _FULL_WINDOW_S),
         partial_window_s=config.get("partial_window_s"),
+        turn_model=config.get("turn_model"),
     )
 
 
@@ -85,6 +88,8 @@ class Recognizer:
             Whisper's own window.
         partial_window_s: the same for a partial transcript (a request with `"partial":
             true`); None: `window_s`.
+        turn_model: Smart Turn's ONNX file (`mythic.speech._turn`), for requests that ask
+            whether the player's turn is over (`"turn": true`); None: no such requests.
     """
 
     def __init__(
@@ -95,6 +100,7 @@ class Recognizer:
         language: str,
         window_s: float = _FULL_WINDOW_S,
         partial_window_s: float | None = None,
+        turn_model: str | None = None,
     ) -> None:
         started = time.perf_counter()
         whisper = require("faster_whisper", package="faster-whisper", extra="speech")
@@ -135,17 +141,31 @@ class Recognizer:
             windows |= {first, min(2 * first, _FULL_WINDOW_S)}
         for window in sorted(windows):
             self._decode(quiet, window, beam_size=1, duration=0.5)
+        self._turn: TurnModel | None = None
+        if turn_model is not None:
+            self._turn = TurnModel(Path(turn_model), threads=threads)
         self.info: dict[str, Any] = {
             "pid": os.getpid(),
             "model": model_dir,
+            "turn_model": turn_model,
             "load_s": time.perf_counter() - started,
         }
 
     def run(self, payload: dict[str, Any], cancelled: Callable[[], bool]) -> Iterator[Any]:
-        """Transcribe one utterance: yields one dict (text, lang, duration_s, took_s)."""
+        """Transcribe one utterance: yields one dict (text, lang, duration_s, took_s). With
+        `"turn": true`, first a dict `{"turn": p, "took_s": ...}`: the probability that the
+        player's turn is over (the turn model's, on the same audio); with `"transcribe":
+        false`, only that."""
         started = time.perf_counter()
         np = self._np
         audio = np.frombuffer(payload["pcm"], dtype="<i2").astype(np.float32) / 32768.0
+        if payload.get("turn"):
+            if self._turn is None:
+                raise SpeechModelError("this ASR worker has no turn model (speech.turn_detector)")
+            yield {"turn": self._turn.complete(audio), "took_s": time.perf_counter() - started}
+            if not payload.get("transcribe", True) or cancelled():
+                return
+            started = time.perf_counter()
         first = self.partial_window_s if payload.get("partial") else self.window_s
         text, lang, duration, window = self._transcribe(
             audio, beam_size=payload["beam_size"], window_s=first

@@ -46,6 +46,8 @@ class SpeechChunk:
         start_s: where the chunk starts in the whole synthesis, in seconds.
         clause: index of the clause it belongs to (see `split_clauses`).
         final: True on the synthesis' last chunk.
+        words: how many words of the text (split at whitespace) have been spoken whole by the
+            chunk's end: a listener cut off after this chunk heard that many.
     """
 
     pcm: bytes
@@ -54,6 +56,7 @@ class SpeechChunk:
     start_s: float
     clause: int
     final: bool
+    words: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -143,7 +146,7 @@ class SpeechStream:
         if not has_item:
             self._done = True
             raise StopAsyncIteration
-        pcm, sample_rate, visemes, start_s, clause, final = item
+        pcm, sample_rate, visemes, start_s, clause, final, words = item
         self._sent += 1
         if final:
             self._done = True
@@ -159,6 +162,7 @@ class SpeechStream:
             start_s=start_s,
             clause=clause,
             final=final,
+            words=words,
         )
 
     async def _next(self) -> tuple[bool, Any]:

@@ -96,12 +96,15 @@ class Synthesizer:
 
     def run(self, payload: dict[str, Any], cancelled: Callable[[], bool]) -> Iterator[Any]:
         """Speak `payload["text"]`: yields chunk tuples (pcm, sample_rate, visemes, start_s,
-        clause, final), clause by clause, stopping when `cancelled()`."""
+        clause, final, words), clause by clause, stopping when `cancelled()`; `words`: the
+        text's words whose sound has ended by the chunk's end (what a listener stopped
+        there heard whole)."""
         profile = VoiceProfile.model_validate(payload["profile"])
         engine = self._engine(payload.get("engine") or profile.engine)
         effects = profile.sox_args()
         clauses = split_clauses(payload["text"])
         offset = 0.0
+        words_before = 0
         for index, text in enumerate(clauses):
             if cancelled():
                 return
@@ -109,9 +112,11 @@ class Synthesizer:
             pcm = clause.pcm
             if effects or clause.rate != self.sample_rate:
                 pcm = self._sox(pcm, clause.rate, effects)
+            stretch = len(pcm) / len(clause.pcm) if clause.pcm else 1.0  # sox may re-time it
             pcm = self._fade(pcm)
             last = index == len(clauses) - 1
             track = viseme_track(clause.phonemes)
+            ends = [t * stretch for t in word_ends(text, clause.phonemes)]
             bounds = chunk_bounds(len(pcm) // BYTES_PER_SAMPLE, self.sample_rate, self.chunk_ms)
             if not bounds and last:
                 # Nothing audible came of the last clause: a short silence carries `final`.
@@ -126,8 +131,10 @@ class Synthesizer:
                     offset + start_s,
                     index,
                     last and n == len(bounds) - 1,
+                    words_before + sum(1 for t in ends if t <= end_s + 1e-6),
                 )
             offset += len(pcm) / (BYTES_PER_SAMPLE * self.sample_rate)
+            words_before += len(ends)
 
     # -- engines
 
@@ -341,6 +348,37 @@ def _wav_payload(wav: bytes) -> tuple[bytes, int]:
         raise SpeechWorkerError("espeak-ng wrote a WAV file without data")
     pcm = wav[data + 8 :]
     return pcm[: len(pcm) - len(pcm) % BYTES_PER_SAMPLE], rate
+
+
+def word_ends(text: str, phonemes: list[tuple[str, float]]) -> list[float]:
+    """When each word of `text` (split at whitespace) stops sounding, in seconds from the
+    clause's start: at the word gaps (" ") of its timed phonemes when there is one per gap
+    between words, else spread over the spoken part by the words' letters."""
+    words = text.split()
+    if not words:
+        return []
+    gaps: list[float] = []
+    t = spoken_from = spoken_to = 0.0
+    previous = " "
+    for symbol, seconds in phonemes:
+        if symbol == " " and previous != " " and spoken_to > 0:
+            gaps.append(t)
+        elif PHONEME_VISEMES.get(symbol, "sil") != "sil":
+            if spoken_to == 0:
+                spoken_from = t
+            spoken_to = t + seconds
+        previous = symbol
+        t += seconds
+    if not spoken_to:
+        spoken_to = t
+    if len(gaps) == len(words) - 1:
+        return [*gaps, spoken_to]
+    total = sum(len(w) for w in words)
+    ends, letters = [], 0
+    for word in words:
+        letters += len(word)
+        ends.append(spoken_from + (spoken_to - spoken_from) * letters / total)
+    return ends
 
 
 def _spread(ipa: str, pcm: bytes, rate: int) -> list[tuple[str, float]]:

@@ -136,14 +136,15 @@ class SpeechEnded:
         at_s: when the speech stopped, in seconds of audio fed so far.
         started_s: when it began.
         pcm: the utterance with `speech_pad_ms` of audio either side.
-        reason: `silence` (trailing silence, the endpoint), `max_length` (cut at
-            `max_utterance_s`), `release` (push-to-talk released) or `flush` (input ended).
+        reason: `silence` (trailing silence, the endpoint), `turn` (the turn model said the
+            player had finished, at a pause), `max_length` (cut at `max_utterance_s`),
+            `release` (push-to-talk released) or `flush` (input ended).
     """
 
     at_s: float
     started_s: float
     pcm: bytes
-    reason: Literal["silence", "max_length", "release", "flush"]
+    reason: Literal["silence", "turn", "max_length", "release", "flush"]
 
     @property
     def duration_s(self) -> float:
@@ -190,6 +191,12 @@ class Endpointer:
     whether anything was said, so a press with only silence or noise in it is no utterance.
     Either way, input without speech never yields an utterance.
 
+    Turn mode (`turn=True`, voice mode only): a pause's end of turn is decided by a turn model
+    whose verdict comes through `verdict()` (the caller asks the model at `SpeechPaused`):
+    "finished" ends the utterance at once, "not yet" lets the silence go on to
+    `turn_wait_ms`, as does a verdict that has not come; a failed one (None) falls back to
+    `trailing_silence_ms`.
+
     Synchronous and I/O-free: `feed` runs the VAD inline (about 0.1 ms per 32 ms frame).
     """
 
@@ -199,14 +206,19 @@ class Endpointer:
         *,
         detector: SpeechDetector | None = None,
         push_to_talk: bool = False,
+        turn: bool = False,
     ) -> None:
         self.settings = settings or SpeechSettings()
         self.push_to_talk = push_to_talk
+        self.turn = turn and not push_to_talk
         self._detector = detector if detector is not None else SileroVAD()
         s = self.settings
         self._min_speech = max(1, round(s.min_speech_ms / 1000 / _FRAME_S))
         self._trailing = max(1, round(s.trailing_silence_ms / 1000 / _FRAME_S))
         self._early = max(1, round(s.early_final_ms / 1000 / _FRAME_S)) if s.early_final_ms else 0
+        self._wait = max(self._trailing, round(s.turn_wait_ms / 1000 / _FRAME_S))
+        if self.turn and not self._early:
+            raise ValueError("an Endpointer in turn mode needs early_final_ms above 0")
         self._pad = round(s.speech_pad_ms / 1000 / _FRAME_S)
         self._max_frames = int(s.max_utterance_s / _FRAME_S)
         self.reset()
@@ -224,6 +236,8 @@ class Endpointer:
         self._started = 0  # frame index where its speech began
         self._last_speech = 0  # frame index just after its last speech frame
         self._silence = 0
+        self._endpoint = self._wait if self.turn else self._trailing
+        """Silence frames that end the open utterance now (turn mode: by the verdict)."""
         self._pressed = False
 
     @property
@@ -237,9 +251,28 @@ class Endpointer:
         return self._heard
 
     @property
+    def speech_s(self) -> float:
+        """Seconds since the open utterance's speech began (0 when none is open)."""
+        return (self._frames_seen - self._started) * _FRAME_S if self._heard else 0.0
+
+    @property
     def paused(self) -> bool:
         """Whether the open utterance is in a pause: `SpeechPaused` came, no speech since."""
         return self._heard and bool(self._early) and self._silence >= self._early
+
+    def verdict(self, complete: bool | None) -> list[EndpointEvent]:
+        """Turn mode: the turn model's verdict on the current pause (`complete`: the player
+        has finished; None: the model failed). Ends the utterance now when finished (or, for
+        None, when `trailing_silence_ms` has passed); ignored when no pause is open (the
+        player spoke again: that pause's verdict is stale)."""
+        if not self.turn or not self.paused:
+            return []
+        if complete:
+            return self._close("turn")
+        self._endpoint = self._wait if complete is False else self._trailing
+        if self._silence >= self._endpoint:
+            return self._close("silence")
+        return []
 
     def utterance_pcm(self) -> bytes:
         """The audio of the open utterance so far (empty when none has started)."""
@@ -309,10 +342,12 @@ class Endpointer:
             self._utterance.append(frame)
             if p >= self.settings.vad_release:
                 self._last_speech = index + 1
+                if self._silence and self.turn:
+                    self._endpoint = self._wait  # a new pause waits for its own verdict
                 self._silence = 0
             else:
                 self._silence += 1
-            if self._silence >= self._trailing:
+            if self._silence >= self._endpoint:
                 events.extend(self._close("silence"))
                 return
             if self._early and self._silence == self._early:
@@ -344,10 +379,11 @@ class Endpointer:
         )
 
     def _close(
-        self, reason: Literal["silence", "max_length", "release", "flush"]
+        self, reason: Literal["silence", "turn", "max_length", "release", "flush"]
     ) -> list[EndpointEvent]:
         frames, heard = self._utterance, self._heard
         self._utterance, self._heard, self._run = None, False, 0
+        self._endpoint = self._wait if self.turn else self._trailing
         self._recent.clear()
         if frames is None or not heard:
             return []  # nothing was said: no utterance

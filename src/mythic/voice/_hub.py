@@ -32,7 +32,8 @@ from mythic.voice._trace import VoiceStats, VoiceTrace
 
 if TYPE_CHECKING:
     from mythic.config import MythicSettings
-    from mythic.dialogue import Cast
+    from mythic.dialogue import Cast, Hold
+    from mythic.knowledge import TurnTaking
     from mythic.speech import ASRPool, Listener, SpeechChunk, TTSPool, Voices
 
 log = logging.getLogger(__name__)
@@ -55,10 +56,16 @@ BACKCHANNELS = frozenset(
 """Words that, alone (at most three of them), are a backchannel, not a bid for the turn."""
 
 
-def is_backchannel(text: str) -> bool:
-    """Whether `text` is only a listener's acknowledgement ("yeah", "mm-hm", "I see")."""
+def is_backchannel(text: str, extra: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Whether `text` is only a listener's acknowledgement ("yeah", "mm-hm", "I see");
+    `extra`: an NPC's own (`TurnTaking.backchannels`)."""
     words = _WORD.findall(text.lower())
-    return 0 < len(words) <= 3 and all(w in BACKCHANNELS for w in words)
+    return 0 < len(words) <= 3 and all(w in BACKCHANNELS or w in extra for w in words)
+
+
+def same_words(a: str, b: str) -> bool:
+    """Whether two transcripts say the same words (case, punctuation and spacing aside)."""
+    return _WORD.findall(a.lower()) == _WORD.findall(b.lower())
 
 
 # -- speaking ---------------------------------------------------------------------------------
@@ -87,6 +94,11 @@ class _Speech:
         """When the client will have played everything sent so far (perf_counter)."""
         self.finished = False
         self.seq = 0
+        self.texts: list[str] = []
+        """The phrases given to speech, in order."""
+        self.marks: list[tuple[float, int, int]] = []
+        """Per chunk sent: (when the client will have played it, its phrase's index, that
+        phrase's words spoken whole by then)."""
         self.task = asyncio.get_running_loop().create_task(
             self._run(), name=f"speech {npc_id}/{turn_id}"
         )
@@ -95,6 +107,20 @@ class _Speech:
     def audible(self) -> bool:
         """The NPC is (or is about to be) heard: audio still to play or to synthesise."""
         return not self.finished or self.client_done_at > time.perf_counter()
+
+    def heard(self, at: float) -> str:
+        """The reply's words the player had heard whole by `at` (`perf_counter`): those the
+        client played before then (the TTS alignments date each word's end)."""
+        at = min(at, self.client_done_at)
+        phrase, words = -1, 0
+        for end, index, done in self.marks:
+            if end > at:
+                break
+            phrase, words = index, done
+        if phrase < 0:
+            return ""
+        said = [*self.texts[:phrase], " ".join(self.texts[phrase].split()[:words])]
+        return " ".join(p.strip() for p in said if p.strip())
 
     def duck(self) -> None:
         """Stop sending (the player may be cutting in); the client's buffer runs dry."""
@@ -109,27 +135,29 @@ class _Speech:
             await self.task
 
     async def _run(self) -> None:
-        held: SpeechChunk | None = None
+        held: tuple[SpeechChunk, int] | None = None
         try:
             while (text := await self.phrases.get()) is not None:
+                index = len(self.texts)
+                self.texts.append(text)
                 try:
                     async with self.hub.tts.synthesize(text, self.voice_id) as stream:
                         async for chunk in stream:
                             if self.trace is not None and self.trace.first_tts is None:
                                 self.trace.first_tts = time.perf_counter()
                             if held is not None:
-                                await self._send(held, final=False)
-                            held = chunk
+                                await self._send(*held, final=False)
+                            held = (chunk, index)
                 except MythicError as exc:  # one phrase lost; the reply goes on
                     self.hub.stats.errors["tts_failed"] += 1
                     log.warning("speech for %s/%s failed: %s", self.npc_id, self.turn_id, exc)
             if held is not None:
-                await self._send(held, final=True)
+                await self._send(*held, final=True)
         finally:
             self.finished = True
             self.hub.speech_done(self)
 
-    async def _send(self, chunk: SpeechChunk, *, final: bool) -> None:
+    async def _send(self, chunk: SpeechChunk, index: int, *, final: bool) -> None:
         while True:
             await self.may_send.wait()
             ahead = self.client_done_at - time.perf_counter()
@@ -152,6 +180,7 @@ class _Speech:
         )
         now = time.perf_counter()
         self.client_done_at = max(self.client_done_at, now) + chunk.duration_s
+        self.marks.append((self.client_done_at, index, chunk.words))
         self.seq += 1
         self.hub.stats.chunks_sent += 1
         trace = self.trace
@@ -186,8 +215,14 @@ class _Channel:
         self._turns: dict[int, str] = {}
         """The turn each utterance opens, by its number (counted from 1, as the listener's)."""
         self._utterances = 0
-        self.ducked: _Speech | None = None
+        self.over: _Speech | None = None
+        """The NPC's speech the open utterance began over (a backchannel or a barge-in)."""
+        self.ducked = False
+        """`over` is paused: the player has spoken over it for `barge_in_min_ms`."""
         self.cut = False
+        self._preempt: tuple[int, str, Hold] | None = None
+        """A reply started from a pause's transcript: (utterance, turn_id, its gate)."""
+        self._early_text = ""
         self.task = asyncio.get_running_loop().create_task(
             self._events(), name=f"listen {session_id}/{npc_id}"
         )
@@ -206,6 +241,7 @@ class _Channel:
             self.listener.press()
             self._pressed = True
         self.listener.feed(pcm)
+        self._maybe_duck()
         self._fed_s += len(pcm) / 32000
         self._arrivals.append((self._fed_s, time.perf_counter()))
         if chunk.end and self.fmt.push_to_talk:
@@ -219,14 +255,33 @@ class _Channel:
                 return at
         return time.perf_counter()
 
+    def _maybe_duck(self) -> None:
+        """The player has spoken over the NPC for `barge_in_min_ms`: it pauses (the client's
+        buffer runs dry); shorter sounds (a backchannel, a cough) never pause it."""
+        speech = self.over
+        if speech is None or self.ducked or self.cut:
+            return
+        if self.listener.endpointer.speech_s * 1000 >= self.hub.settings.barge_in_min_ms:
+            speech.duck()
+            self.ducked = True
+
     async def close(self) -> None:
+        self._drop_preempt()
         await self.listener.aclose()
         self.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
 
     async def _events(self) -> None:
-        from mythic.speech import FinalTranscript, PartialTranscript, SpeechEnded, SpeechStarted
+        from mythic.speech import (
+            EarlyTranscript,
+            FinalTranscript,
+            PartialTranscript,
+            SpeechEnded,
+            SpeechResumed,
+            SpeechStarted,
+            TurnPredicted,
+        )
 
         ended_at: float | None = None
         async for event in self.listener:
@@ -238,6 +293,13 @@ class _Channel:
                         self._partial(self._turns.get(number, ""), transcript.text)
                     case SpeechEnded(at_s=at_s):
                         ended_at = self.arrived_at(at_s)
+                    case TurnPredicted(complete=complete):
+                        verdict = "complete" if complete else "incomplete"
+                        self.hub.stats.turn_verdicts[verdict] += 1
+                    case EarlyTranscript(utterance=number, transcript=transcript):
+                        self._preempt_reply(number, transcript.text)
+                    case SpeechResumed(utterance=number):
+                        self._drop_preempt(number)
                     case FinalTranscript():
                         end = ended_at if ended_at is not None else time.perf_counter()
                         self._final(event, end)
@@ -254,8 +316,10 @@ class _Channel:
         self._turns[self._utterances] = turn_id
         speech = self.hub.speaking(self.session_id, self.npc_id)
         if speech is not None and speech.audible:
-            speech.duck()
-            self.ducked, self.cut = speech, False
+            # Over the NPC's speech: a backchannel, or a barge-in (its words, or its length,
+            # will tell); the NPC goes on for now.
+            self.over, self.ducked, self.cut = speech, False, False
+            self._maybe_duck()
         else:
             # The player begins a line: a new session's NPC evaluates its persona and memory
             # while the first words are heard (the partials then add the lore).
@@ -274,41 +338,95 @@ class _Channel:
                 text=text[:MAX_TEXT_CHARS],
             ),
         )
-        if self.ducked is not None and not self.cut and not is_backchannel(text):
+        if self.over is not None and not self.cut and not self._backchannel(text):
             self._cut_off()
-        if self.ducked is None or self.cut:
+        if self.over is None or self.cut:
             # The NPC prepares its answer's prompt while the player is still speaking.
             with contextlib.suppress(MythicError):
                 self.hub.cast.prepare(self.session_id, self.npc_id, text, player_id=self.player_id)
 
-    def _cut_off(self) -> None:
-        speech, self.cut = self.ducked, True
+    def _backchannel(self, text: str) -> bool:
+        """`text` is a backchannel that leaves this NPC speaking (its `turn_taking`)."""
+        manner = self.hub.turn_taking(self.npc_id)
+        return manner.ignore_backchannels and is_backchannel(text, set(manner.backchannels))
+
+    def _cut_off(self, speech: _Speech | None = None) -> None:
+        speech, self.cut = speech or self.over, True
         if speech is not None:
             self.hub.stats.barge_ins += 1
             self.hub.barge_in(speech)
 
+    def _preempt_reply(self, number: int, text: str) -> None:
+        """The player paused and their words so far are known, their turn not yet over: the
+        NPC starts its reply now (`dialogue.preempt_spoken_lines`), held until the final."""
+        from mythic.dialogue import Hold
+
+        text = text.strip()[:MAX_TEXT_CHARS]
+        turn_id = self._turns.get(number)
+        if (
+            not self.hub.preempt
+            or not text
+            or turn_id is None
+            or self.over is not None
+            or self._preempt is not None
+        ):
+            return
+        with contextlib.suppress(MythicError):
+            if self.hub.cast.actor(self.npc_id).busy_session == self.session_id:
+                return  # its last reply is still being written: this line will barge in
+            hold = Hold()
+            line = PlayerUtterance(
+                npc_id=self.npc_id,
+                session_id=self.session_id,
+                turn_id=turn_id,
+                text=text,
+                player_id=self.player_id,
+            )
+            self.hub.cast.deliver(
+                self.session_id, line, player_id=self.player_id, spoken=True, hold=hold
+            )
+            self._preempt, self._early_text = (number, turn_id, hold), text
+            self.hub.stats.preempted += 1
+
+    def _drop_preempt(self, number: int | None = None) -> None:
+        """The preemptive reply (of utterance `number`, or any) is not the answer: dropped."""
+        preempt = self._preempt
+        if preempt is None or (number is not None and preempt[0] != number):
+            return
+        self._preempt = None
+        self.hub.stats.preempt_discarded += 1
+        self.hub.cast.discard(self.session_id, self.npc_id, preempt[1], preempt[2])
+
     def _final(self, event: Any, ended_at: float) -> None:
         text = event.transcript.text.strip()
         turn_id = self._turns.pop(event.utterance, None) or _new_turn_id()
-        ducked, self.ducked = self.ducked, None
+        over, ducked, self.over, self.ducked = self.over, self.ducked, None, False
         if event.error is not None:
             self.hub.stats.errors["asr_failed"] += 1
         if not text:
+            self._drop_preempt()
             self.hub.stats.no_words += 1
-            if ducked is not None and not self.cut:
-                self.hub.stats.false_interruptions += 1
-                ducked.resume()
+            if over is not None and not self.cut:
+                if self.hub.turn_taking(self.npc_id).resume_after_noise:
+                    self.hub.stats.false_interruptions += ducked
+                    over.resume()
+                else:
+                    self._cut_off(over)
             return
-        if ducked is not None and not self.cut and is_backchannel(text):
+        if over is not None and not self.cut and self._backchannel(text):
             self.hub.stats.backchannels += 1
-            ducked.resume()
+            over.resume()
             return
-        if ducked is not None and not self.cut:
-            self.cut = True
-            self.hub.stats.barge_ins += 1
-            self.hub.barge_in(ducked)
+        if over is not None and not self.cut:
+            self._cut_off(over)
         trace = VoiceTrace(utterance_end=ended_at, asr_final=time.perf_counter())
         text = text[:MAX_TEXT_CHARS]
+        preempt = self._preempt
+        if preempt is not None and (
+            preempt[0] != event.utterance or not same_words(text, self._early_text)
+        ):
+            self._drop_preempt()
+            preempt = None
         self.hub.send(
             self.session_id,
             ASRFinal(
@@ -320,7 +438,13 @@ class _Channel:
             ),
         )
         self.hub.stats.utterances += 1
-        self.hub.said(self, turn_id, text, trace)
+        if preempt is not None:
+            # The reply begun at the pause answers these very words: it goes out now.
+            self._preempt = None
+            self.hub.stats.preempt_kept += 1
+            self.hub.confirmed(self, turn_id, preempt[2], trace)
+        else:
+            self.hub.said(self, turn_id, text, trace)
 
 
 def _new_turn_id() -> str:
@@ -352,6 +476,7 @@ class VoiceHub:
         self.asr: ASRPool = ASRPool(self.settings)
         self.tts: TTSPool = TTSPool(self.settings, voices=self.voices)
         self.stats = VoiceStats()
+        self.preempt = settings.dialogue.preempt_spoken_lines
         self.ready = False
         self._formats: dict[str, tuple[VoiceFormat, str | None]] = {}
         self._channels: dict[tuple[str, str], _Channel] = {}
@@ -451,6 +576,21 @@ class VoiceHub:
                 Error(code="npc_busy", message=exc.message[:500], turn_id=turn_id, retryable=True),
             )
 
+    def confirmed(self, channel: _Channel, turn_id: str, hold: Hold, trace: VoiceTrace) -> None:
+        """The preemptive reply behind `hold` answers the player's final line: release it."""
+        self._traces[(channel.session_id, turn_id)] = trace
+        hold.release()
+
+    def turn_taking(self, npc_id: str) -> TurnTaking:
+        """How `npc_id` takes the player's voice over its own (its card's `turn_taking`)."""
+        from mythic.knowledge import TurnTaking
+
+        try:
+            manner: TurnTaking = self.cast.world.npcs[npc_id].turn_taking
+        except (AttributeError, KeyError):
+            return TurnTaking()
+        return manner
+
     def client_cutoff(self, session_id: str, npc_id: str, turn_id: str) -> None:
         """The client cut the NPC off: stop its speech for that turn at once."""
         speech = self._speeches.get((session_id, turn_id))
@@ -470,8 +610,9 @@ class VoiceHub:
             reason="barge_in",
         )
         self.send(speech.session_id, cutoff)
+        heard = speech.heard(time.perf_counter())
         with contextlib.suppress(MythicError):
-            self.cast.deliver(speech.session_id, cutoff)
+            self.cast.deliver(speech.session_id, cutoff, heard=heard)
 
     def speech_done(self, speech: _Speech) -> None:
         key = (speech.session_id, speech.turn_id)

@@ -41,6 +41,14 @@ class VoiceStats:
     """NPC speech paused by sound that turned out not to be words: resumed."""
     chunks_sent: int = 0
     """TTS chunks sent."""
+    turn_verdicts: Counter[str] = field(default_factory=Counter)
+    """The turn model's verdicts at the players' pauses: `complete`, `incomplete`."""
+    preempted: int = 0
+    """Replies started from a pause's transcript before the player's turn had ended."""
+    preempt_kept: int = 0
+    """Preemptive replies the final transcript confirmed (sent on at once)."""
+    preempt_discarded: int = 0
+    """Preemptive replies dropped: the player went on speaking, or the final differed."""
     errors: Counter[str] = field(default_factory=Counter)
     """Voice errors by code (bad audio, ASR or TTS failures)."""
     traces: deque[dict[str, float]] = field(default_factory=lambda: deque(maxlen=512))
