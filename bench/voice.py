@@ -37,6 +37,13 @@ tokens to `prefill_beside_gold`.
 (`parts`): the lore is evaluated in parts while the player speaks, and the line tells the
 parts finished when they stop plus `more_lore_tokens` more.
 
+`--turn silence,smart` compares rounds with turns ended on silence alone and no preemptive
+reply (`silence`: `speech.turn_detector: silence`, `dialogue.preempt_spoken_lines: false`)
+with the defaults (`smart`: Smart Turn judges each pause, a finished turn ends at once, and the
+reply starts from a pause's transcript while the model waits); the ratio is against the first.
+Each round's server counts the turn model's verdicts and the preemptive replies kept and
+dropped (its /metrics), reported beside.
+
 `--warm off,on` compares rounds without and with the round's NPCs' prompts (persona, and the
 decision's) evaluated before the first line (`POST /v1/warmup {"npcs": [...]}`, as a game does
 when the player comes near them, and as the server does for its first `server.warm_npcs` NPCs
@@ -57,7 +64,7 @@ for a short GPU lease.
                                     [--decision-engine before,grammar,steps]
                                     [--baseline] [--asr-window-s S] [--server-log PATH]
                                     [--first-phrase-words 0,6] [--spoken-lore all,parts]
-                                    [--warm off,on]
+                                    [--warm off,on] [--turn silence,smart]
                                     [--out PATH]
 """
 
@@ -82,6 +89,11 @@ from mythic.cli._sim import spawned_server  # noqa: E402
 from mythic.config import DialogueSettings  # noqa: E402
 
 WORLD = ROOT / "examples" / "worlds" / "ravenmoor"
+TURN: dict[str, dict[str, str | None]] = {
+    "silence": {"SPEECH__TURN_DETECTOR": "silence", "DIALOGUE__PREEMPT_SPOKEN_LINES": "false"},
+    "smart": {"SPEECH__TURN_DETECTOR": None, "DIALOGUE__PREEMPT_SPOKEN_LINES": None},
+}
+"""`--turn` rounds: the settings each sets (None: the setting's default)."""
 NPCS = ["marla", "bran", "grisk", "countess_isolde"]
 QUESTIONS = [
     "Is the tavern open tonight?",
@@ -202,7 +214,8 @@ async def speaker(
     return rows
 
 
-async def server_hops(address: str) -> dict[str, dict[str, float]]:
+async def server_hops(address: str) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """The server's own trace of the hops (ms), and its turn-taking counters."""
     import httpx
 
     async with httpx.AsyncClient(base_url=f"http://{address}") as http:
@@ -211,7 +224,14 @@ async def server_hops(address: str) -> dict[str, dict[str, float]]:
     pattern = r'mythic_voice_(\w+)_seconds\{quantile="([0-9.]+)"\} ([0-9.e+-]+)'
     for hop, q, value in re.findall(pattern, text):
         found.setdefault(hop, {})[f"p{round(float(q) * 100)}"] = round(float(value) * 1000, 1)
-    return found
+    counters: dict[str, float] = {}
+    for name, labels, value in re.findall(
+        r"^mythic_voice_(turn_verdicts|preempted)_total\{(\w+=\"\w+\")\} ([0-9.e+-]+)$",
+        text,
+        re.MULTILINE,
+    ):
+        counters[f"{name}.{labels.split('=')[1].strip(chr(34))}"] = float(value)
+    return found, counters
 
 
 async def warm_up(address: str, npcs: list[str]) -> float:
@@ -301,6 +321,13 @@ def main() -> None:
         "against the first",
     )
     parser.add_argument(
+        "--turn",
+        default="smart",
+        help="rounds with turns ended on silence alone and no preemptive reply (silence) and "
+        "with the turn model and preemption (smart, the defaults), e.g. silence,smart; the "
+        "ratio is against the first",
+    )
+    parser.add_argument(
         "--server-log",
         type=Path,
         default=None,
@@ -336,8 +363,12 @@ def main() -> None:
     warms = args.warm.split(",")
     if set(warms) - {"off", "on"}:
         parser.error("--warm takes off and on")
+    turns = args.turn.split(",")
+    if set(turns) - set(TURN):
+        parser.error(f"--turn takes {', '.join(TURN)}")
     plan = [
-        (count, True, w, lore, decide, engine, warm == "on")
+        (count, True, w, lore, decide, engine, warm == "on", turn)
+        for turn in turns
         for count in counts
         for w in words or [default_words]
         for lore in lores
@@ -366,7 +397,12 @@ def main() -> None:
 
     # Cold unless the round warms (`--warm on`): no background warm-up racing the first lines.
     os.environ["MYTHIC_SERVER__WARM_NPCS"] = "0"
-    for count, ahead, first_words, lore, decide, engine, warm in plan:
+    for count, ahead, first_words, lore, decide, engine, warm, turn in plan:
+        for name, value in TURN[turn].items():
+            if value is None:
+                os.environ.pop(f"MYTHIC_{name}", None)
+            else:
+                os.environ[f"MYTHIC_{name}"] = value
         os.environ["MYTHIC_DIALOGUE__FIRST_PHRASE_WORDS"] = str(first_words)
         for name, value in DECISION_ENGINE[engine].items():
             if value is None:
@@ -400,6 +436,7 @@ def main() -> None:
             "decide": decide == "on",
             "decision_engine": engine,
             "warm": warm,
+            "turn": turn,
         }
         done: list[dict[str, Any]] = []
 
@@ -429,13 +466,14 @@ def main() -> None:
                 setting["warm_up_s"] = round(seconds, 2)
                 print(f"  {', '.join(NPCS[:count])}: prompts warmed in {seconds:.2f} s", flush=True)
             rows = asyncio.run(run_round(url, count, audio, on_row))
-            server = asyncio.run(server_hops(address))
-        rounds.append({**setting, **summarise(rows, server)})
+            server, counters = asyncio.run(server_hops(address))
+        rounds.append({**setting, **summarise(rows, server), "turn_taking": counters})
         save(rounds)
     base = rounds[0]["client_ms"]
     print("end of speech -> each hop, ms, on the client (server's own trace in brackets)")
     print(
-        f"{'speakers':>8} {'ahead':<6}{'warm':<5}{'words':>5} {'lore':<6}{'decide':<7}{'engine':<8}"
+        f"{'speakers':>8} {'turn':<8}{'ahead':<6}{'warm':<5}{'words':>5} {'lore':<6}"
+        f"{'decide':<7}{'engine':<8}"
         f"{'hop':<16}{'p50':>8}{'p95':>8}{'p99':>8}{'server p50':>12}{'x p50':>7}"
     )
     for r in rounds:
@@ -443,7 +481,7 @@ def main() -> None:
             ms = r["client_ms"][hop]
             own = r["server_ms"].get(hop, {}).get("p50")
             print(
-                f"{r['speakers']:>8} {'on' if r['ahead'] else 'off':<6}"
+                f"{r['speakers']:>8} {r.get('turn', 'smart'):<8}{'on' if r['ahead'] else 'off':<6}"
                 f"{'on' if r.get('warm') else 'off':<5}"
                 f"{r['first_phrase_words']:>5} {r['spoken_lore']:<6}"
                 f"{'on' if r['decide'] else 'off':<7}{r['decision_engine']:<8}{hop:<16}"
@@ -451,7 +489,10 @@ def main() -> None:
                 f"{fmt(ms['p99'], '.0f'):>8}{fmt(own, '.0f'):>12}"
                 f"{fmt(ratio(ms['p50'], base[hop]['p50']), '.2f'):>7}"
             )
-        print(f"{'':>8} answered {r['answered']}/{r['utterances']}, ASR word error rate {r['wer']}")
+        print(
+            f"{'':>8} answered {r['answered']}/{r['utterances']}, ASR word error rate "
+            f"{r['wer']}, turn-taking {r.get('turn_taking') or '-'}"
+        )
 
 
 if __name__ == "__main__":

@@ -238,9 +238,14 @@ async def test_speaking_over_the_npc_cuts_it_off_and_the_next_turn_knows(
     assert stats.barge_ins >= 1
     assert second.transcript is not None and sounds_like(second.transcript, QUESTION)
     assert second.text.strip() and second.chunks
-    # The cut-off reply is in the history, marked, so the NPC's next turn knows.
+    # The cut-off reply is in the history, marked, so the NPC's next turn knows; it holds the
+    # words the player heard before cutting in (a start of what was written), no more.
     replies = [m.content for m in history if m.role == "assistant"]
     assert replies[0].endswith(INTERRUPTED_NOTE), replies
+    kept = re.findall(r"[\w']+", replies[0].removesuffix(INTERRUPTED_NOTE))
+    written = re.findall(r"[\w']+", first.text)
+    assert kept == written[: len(kept)], (replies[0], first.text)
+    assert len(kept) < len(written), (replies[0], first.text)
 
 
 async def test_a_backchannel_does_not_interrupt(
@@ -251,13 +256,39 @@ async def test_a_backchannel_does_not_interrupt(
             "marla", await said(gateway, "Tell me about the Drowned Lantern.")
         )
         await _first_audio(first)
-        await client.talk("marla", await said(gateway, "Yeah."))
+        for backchannel in ("Mm-hm.", "Yeah."):
+            await client.talk("marla", await said(gateway, backchannel))
         await first.wait(180)
         assert gateway.voice is not None
         stats = gateway.voice.stats
-    assert first.cutoff is None and first.chunks[-1].final
+        history = gateway.cast.actors["marla"].histories[client.session_id]
+    # The NPC never stopped: no cut-off, its whole reply spoken and kept.
+    assert first.cutoff is None and first.chunks[-1].final, (stats, first.text, history)
     assert stats.barge_ins == 0
-    assert stats.backchannels + stats.no_words + stats.false_interruptions >= 1
+    assert stats.backchannels + stats.no_words >= 1
+    replies = [m.content for m in history if m.role == "assistant"]
+    assert replies == [first.text.strip()], (replies, first.text)
+
+
+async def test_a_pause_in_the_middle_of_a_sentence_does_not_end_the_line(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    async with voice_talk(engines, settings, 400) as (_, gateway, client):
+        start = await said(gateway, "So I was wondering whether you could")
+        rest = await said(gateway, "tell me where the old mill stands.")
+        turn = await client.talk("marla", start + bytes(RATE * 2 * 7 // 10) + rest)
+        await turn.wait(180)
+        assert gateway.voice is not None
+        stats = gateway.voice.stats
+    # One line, both halves in it: the turn model heard that the first half was unfinished
+    # (700 ms of silence: more than trailing_silence_ms, which alone would have cut it).
+    assert turn.transcript is not None, turn
+    assert "wondering" in turn.transcript.lower() and "mill" in turn.transcript.lower()
+    assert stats.utterances == 1, stats
+    assert stats.turn_verdicts["incomplete"] >= 1
+    # A reply begun at the pause, from its half, was dropped when the player went on.
+    assert stats.preempted >= 1 and stats.preempt_discarded >= 1
+    assert turn.text.strip() and turn.spoken.is_set()
 
 
 async def _error(client: MythicClient) -> Error:

@@ -182,6 +182,8 @@ def test_word_ends_without_gaps_are_spread_by_letters() -> None:
 
 def test_backchannels_and_an_npcs_own() -> None:
     assert is_backchannel("Mm-hm.") and is_backchannel("Yeah, right.") and is_backchannel("I see")
+    assert all(map(is_backchannel, ["MMMHM", "Mhm.", "Hmm", "Uh-huh.", "Oh", "Erm"]))
+    assert not is_backchannel("Mum") and not is_backchannel("Hum the tune")
     assert not is_backchannel("Yeah, but where is the mill?")
     assert not is_backchannel("aye") and is_backchannel("Aye.", {"aye"})
     assert not is_backchannel("")

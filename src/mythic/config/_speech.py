@@ -61,11 +61,28 @@ class SpeechSettings(Section):
     """Silence after which a turn the model called unfinished ends anyway (and one whose
     verdict has not come; a failed verdict falls back to `trailing_silence_ms`)."""
 
+    stall_ms: int = Field(default=300, ge=50, le=10000)
+    """An utterance in a pause (`early_final_ms` of silence heard) whose audio then stops
+    arriving for this long (wall clock) ends there: a client that stops streaming once the
+    player is quiet is not left waiting for `turn_wait_ms` of silence that never comes. A
+    microphone streamed without a break never stalls; a stall mid-word ends nothing."""
+
     barge_in_min_ms: int = Field(default=500, ge=0, le=5000)
     """While an NPC speaks, the player's voice pauses it only once they have spoken this long
     (or said words that are no backchannel, in a partial transcript): shorter sounds, "mm-hm"
     or a cough, never stop it. The final transcript then decides: words cut the NPC off
     (barge-in); a backchannel or nothing recognised lets it go on (`TurnTaking` on the card)."""
+
+    barge_in_min_logprob: float = Field(default=-0.6, ge=-10.0, le=0.0)
+    """Words heard over an NPC's speech cut it off when Whisper was at least this sure of them
+    (its average log-probability per token), or when the player spoke `barge_in_sure_ms` or
+    longer. Whisper tiny writes hums as words ("mm-hm" as "and then make some", "hmm" as
+    "damn") at -0.6 to -1.6; questions and "wait, stop" at -0.1 to -0.5 (measured on Piper's
+    voices)."""
+
+    barge_in_sure_ms: int = Field(default=1200, ge=0, le=10000)
+    """Speech over the NPC at least this long is a bid for the turn however unsure its
+    words (see `barge_in_min_logprob`)."""
 
     speech_pad_ms: int = Field(default=200, ge=0, le=1000)
     """Audio kept before the speech started and after it stopped, handed to ASR with it."""

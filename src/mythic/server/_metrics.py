@@ -401,6 +401,26 @@ def _voice_metrics(g: Gateway) -> Iterator[Metric]:
         ("mythic_voice_chunks_sent", "TTS chunks sent", stats.chunks_sent),
     ):
         yield CounterMetricFamily(name, doc, value=value)
+    verdicts = CounterMetricFamily(
+        "mythic_voice_turn_verdicts",
+        "the turn model's verdicts at the players' pauses (complete ends the turn at once)",
+        labels=["verdict"],
+    )
+    for verdict in ("complete", "incomplete"):
+        verdicts.add_metric([verdict], stats.turn_verdicts[verdict])
+    yield verdicts
+    preempted = CounterMetricFamily(
+        "mythic_voice_preempted",
+        "replies started from a pause's transcript before the turn ended, by outcome",
+        labels=["outcome"],
+    )
+    for outcome, n in (
+        ("started", stats.preempted),
+        ("kept", stats.preempt_kept),
+        ("discarded", stats.preempt_discarded),
+    ):
+        preempted.add_metric([outcome], n)
+    yield preempted
     errors = CounterMetricFamily("mythic_voice_errors", "voice errors, by code", labels=["code"])
     for code, n in sorted(stats.errors.items()):
         errors.add_metric([code], n)

@@ -63,6 +63,9 @@ class Transcript:
         duration_s: seconds of audio transcribed.
         took_s: seconds the worker spent on it (queueing not included).
         partial: True for a partial transcript of an utterance still going on.
+        logprob: the decoder's average log-probability per token (how sure it was: Whisper's
+            guesses at a hum or a noise score low; 0 when nothing was decoded).
+        no_speech: Whisper's probability that the audio held no speech.
         window_s: the seconds of audio Whisper's encoder saw (`speech.asr_window_s`, or
             `speech.partial_window_s` for a partial; more for a long utterance or a transcript
             decoded again, up to 30); 0 when nothing was decoded.
@@ -74,6 +77,8 @@ class Transcript:
     took_s: float
     partial: bool = False
     window_s: float = 0.0
+    logprob: float = 0.0
+    no_speech: float = 0.0
 
     @property
     def empty(self) -> bool:
@@ -211,6 +216,8 @@ class ASRPool(PooledWorkers):
             took_s=result["took_s"],
             partial=partial,
             window_s=result["window_s"],
+            logprob=result.get("logprob", 0.0),
+            no_speech=result.get("no_speech", 0.0),
         )
 
     async def _run(

@@ -141,6 +141,7 @@ class Recognizer:
             windows |= {first, min(2 * first, _FULL_WINDOW_S)}
         for window in sorted(windows):
             self._decode(quiet, window, beam_size=1, duration=0.5)
+        self._scores = (0.0, 0.0)  # the last decode's average log-probability, no-speech
         self._turn: TurnModel | None = None
         if turn_model is not None:
             self._turn = TurnModel(Path(turn_model), threads=threads)
@@ -170,12 +171,15 @@ class Recognizer:
         text, lang, duration, window = self._transcribe(
             audio, beam_size=payload["beam_size"], window_s=first
         )
+        logprob, no_speech = self._scores
         yield {
             "text": text,
             "lang": lang,
             "duration_s": duration,
             "took_s": time.perf_counter() - started,
             "window_s": window,
+            "logprob": logprob,
+            "no_speech": no_speech,
         }
 
     def _transcribe(
@@ -224,6 +228,7 @@ class Recognizer:
         )[0]
         tokens = result.sequences_ids[0]
         avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
+        self._scores = (float(avg_logprob), float(result.no_speech_prob))
         if result.no_speech_prob > _NO_SPEECH_PROB and avg_logprob < _NO_SPEECH_LOGPROB:
             return ""
         text: str = self._tokenizer.decode(tokens).strip()

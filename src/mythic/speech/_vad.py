@@ -252,8 +252,9 @@ class Endpointer:
 
     @property
     def speech_s(self) -> float:
-        """Seconds since the open utterance's speech began (0 when none is open)."""
-        return (self._frames_seen - self._started) * _FRAME_S if self._heard else 0.0
+        """Seconds from the open utterance's first speech to its last so far (0 when none is
+        open): how long the player has been talking, the silence after it not counted."""
+        return (self._last_speech - self._started) * _FRAME_S if self._heard else 0.0
 
     @property
     def paused(self) -> bool:

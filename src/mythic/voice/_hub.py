@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from mythic.config import MythicSettings
     from mythic.dialogue import Cast, Hold
     from mythic.knowledge import TurnTaking
-    from mythic.speech import ASRPool, Listener, SpeechChunk, TTSPool, Voices
+    from mythic.speech import ASRPool, Listener, SpeechChunk, Transcript, TTSPool, Voices
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +54,18 @@ BACKCHANNELS = frozenset(
     }
 )  # fmt: skip
 """Words that, alone (at most three of them), are a backchannel, not a bid for the turn."""
+_HUM = re.compile(r"^(?:[mh]+|[mh]+-[mh]+|u+h+(?:-h+u+h+)?|[ao]+h+|e+r+m*|u+m+)$")
+"""A listener's sound as Whisper writes it: "mm", "hmm", "mhm", "MMMHM", "mm-hm", "uh-huh",
+"ah", "oh", "erm", "um"."""
 
 
 def is_backchannel(text: str, extra: frozenset[str] | set[str] = frozenset()) -> bool:
     """Whether `text` is only a listener's acknowledgement ("yeah", "mm-hm", "I see");
     `extra`: an NPC's own (`TurnTaking.backchannels`)."""
     words = _WORD.findall(text.lower())
-    return 0 < len(words) <= 3 and all(w in BACKCHANNELS or w in extra for w in words)
+    return 0 < len(words) <= 3 and all(
+        w in BACKCHANNELS or w in extra or _HUM.match(w) for w in words
+    )
 
 
 def same_words(a: str, b: str) -> bool:
@@ -220,6 +225,7 @@ class _Channel:
         self.ducked = False
         """`over` is paused: the player has spoken over it for `barge_in_min_ms`."""
         self.cut = False
+        self._stall: asyncio.TimerHandle | None = None
         self._preempt: tuple[int, str, Hold] | None = None
         """A reply started from a pause's transcript: (utterance, turn_id, its gate)."""
         self._early_text = ""
@@ -242,6 +248,11 @@ class _Channel:
             self._pressed = True
         self.listener.feed(pcm)
         self._maybe_duck()
+        if self._stall is not None:
+            self._stall.cancel()
+        self._stall = asyncio.get_running_loop().call_later(
+            self.hub.settings.stall_ms / 1000, self._stalled
+        )
         self._fed_s += len(pcm) / 32000
         self._arrivals.append((self._fed_s, time.perf_counter()))
         if chunk.end and self.fmt.push_to_talk:
@@ -255,6 +266,15 @@ class _Channel:
                 return at
         return time.perf_counter()
 
+    def _stalled(self) -> None:
+        """No audio for `speech.stall_ms` while the player is in a pause: the client stopped
+        streaming, so the utterance ends now rather than wait for silence never sent."""
+        self._stall = None
+        endpointer = self.listener.endpointer
+        if endpointer.paused and not self.fmt.push_to_talk:
+            with contextlib.suppress(RuntimeError):  # the listener has ended
+                self.listener.end_utterance()
+
     def _maybe_duck(self) -> None:
         """The player has spoken over the NPC for `barge_in_min_ms`: it pauses (the client's
         buffer runs dry); shorter sounds (a backchannel, a cough) never pause it."""
@@ -266,6 +286,8 @@ class _Channel:
             self.ducked = True
 
     async def close(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
         self._drop_preempt()
         await self.listener.aclose()
         self.task.cancel()
@@ -284,14 +306,17 @@ class _Channel:
         )
 
         ended_at: float | None = None
+        spoke_s = 0.0
         async for event in self.listener:
+            log.debug("voice %s/%s: %r", self.session_id, self.npc_id, event)
             try:
                 match event:
                     case SpeechStarted():
                         self._started()
                     case PartialTranscript(utterance=number, transcript=transcript):
-                        self._partial(self._turns.get(number, ""), transcript.text)
-                    case SpeechEnded(at_s=at_s):
+                        self._partial(self._turns.get(number, ""), transcript)
+                    case SpeechEnded(at_s=at_s, started_s=started_s):
+                        spoke_s = at_s - started_s
                         ended_at = self.arrived_at(at_s)
                     case TurnPredicted(complete=complete):
                         verdict = "complete" if complete else "incomplete"
@@ -302,7 +327,7 @@ class _Channel:
                         self._drop_preempt(number)
                     case FinalTranscript():
                         end = ended_at if ended_at is not None else time.perf_counter()
-                        self._final(event, end)
+                        self._final(event, end, spoke_s)
                         ended_at = None
             except Exception:  # one bad event must not stop the player's microphone
                 log.exception("voice event %r failed", type(event).__name__)
@@ -326,7 +351,8 @@ class _Channel:
             with contextlib.suppress(MythicError):
                 self.hub.cast.prepare(self.session_id, self.npc_id, "", player_id=self.player_id)
 
-    def _partial(self, turn_id: str, text: str) -> None:
+    def _partial(self, turn_id: str, transcript: Transcript) -> None:
+        text = transcript.text
         if not text or not turn_id:
             return
         self.hub.send(
@@ -338,7 +364,13 @@ class _Channel:
                 text=text[:MAX_TEXT_CHARS],
             ),
         )
-        if self.over is not None and not self.cut and not self._backchannel(text):
+        spoke_s = self.listener.endpointer.speech_s
+        if (
+            self.over is not None
+            and not self.cut
+            and spoke_s * 1000 >= self.hub.settings.barge_in_min_ms
+            and self._bid(transcript, spoke_s)
+        ):
             self._cut_off()
         if self.over is None or self.cut:
             # The NPC prepares its answer's prompt while the player is still speaking.
@@ -349,6 +381,16 @@ class _Channel:
         """`text` is a backchannel that leaves this NPC speaking (its `turn_taking`)."""
         manner = self.hub.turn_taking(self.npc_id)
         return manner.ignore_backchannels and is_backchannel(text, set(manner.backchannels))
+
+    def _bid(self, transcript: Transcript, spoke_s: float) -> bool:
+        """Whether words heard over the NPC's speech are a bid for the turn: not a
+        backchannel, and either recognised with confidence or long. Whisper turns a hum
+        ("mm-hm") into confident-looking words ("and then make some") at a low log-probability;
+        a short, unsure transcript is taken for a backchannel."""
+        if self._backchannel(transcript.text):
+            return False
+        s = self.hub.settings
+        return transcript.logprob >= s.barge_in_min_logprob or spoke_s * 1000 >= s.barge_in_sure_ms
 
     def _cut_off(self, speech: _Speech | None = None) -> None:
         speech, self.cut = speech or self.over, True
@@ -397,7 +439,7 @@ class _Channel:
         self.hub.stats.preempt_discarded += 1
         self.hub.cast.discard(self.session_id, self.npc_id, preempt[1], preempt[2])
 
-    def _final(self, event: Any, ended_at: float) -> None:
+    def _final(self, event: Any, ended_at: float, spoke_s: float) -> None:
         text = event.transcript.text.strip()
         turn_id = self._turns.pop(event.utterance, None) or _new_turn_id()
         over, ducked, self.over, self.ducked = self.over, self.ducked, None, False
@@ -413,7 +455,7 @@ class _Channel:
                 else:
                     self._cut_off(over)
             return
-        if over is not None and not self.cut and self._backchannel(text):
+        if over is not None and not self.cut and not self._bid(event.transcript, spoke_s):
             self.hub.stats.backchannels += 1
             over.resume()
             return
