@@ -829,6 +829,78 @@ def _voice(name: str) -> str:
     )
 
 
+def _voice_turn(name: str) -> str:
+    """bench/voice.py --turn silence,smart: first audio with turns ended on silence alone
+    (no preemptive reply) against the turn model with preemption, the same run."""
+    data = _load(name)
+    rows = data["results"]
+    out = []
+    for r in rows:
+        base = next(
+            (b for b in rows if b["speakers"] == r["speakers"] and b.get("turn") == "silence"),
+            None,
+        )
+        counters = r.get("turn_taking") or {}
+        for hop in ("asr_final", "first_token", "first_audio"):
+            c = r["client_ms"][hop]
+            out.append(
+                [
+                    str(r["speakers"]),
+                    str(r.get("turn", "smart")),
+                    hop.replace("_", " "),
+                    _ms(c["p50"]),
+                    _ms(c["p95"]),
+                    _x(c["p50"] / base["client_ms"][hop]["p50"]) if base else "-",
+                    (
+                        f"{counters.get('preempted.kept', 0):.0f} kept / "
+                        f"{counters.get('preempted.discarded', 0):.0f} dropped"
+                    )
+                    if hop == "first_audio"
+                    else "",
+                ]
+            )
+    header = ["speakers", "turns", "hop", "p50", "p95", "x p50 vs silence", "preemptive replies"]
+    return (
+        f"Dialogue model {data['dialogue_model']} on {data['engine_backend']}, "
+        f"{data['server_threads']} model threads; `silence`: turns end after 300 ms of "
+        "silence, no preemptive reply; `smart`: the defaults (Smart Turn, preemption).\n\n"
+        + _table(header, out)
+        + f"\n{_source(name, data)}"
+    )
+
+
+def _turn_taking() -> str:
+    name = "turn_taking.json"
+    data = _load(name)
+    out = []
+    for r in data["results"]:
+        ms = r["endpoint_ms"]
+        by = r["false_cut_ins_by_kind"]
+        out.append(
+            [
+                r["round"],
+                f"{r['false_cut_ins']} / {r['paused_lines']}",
+                f"{by['paused']} / {by['filler']} / {by['digits']}",
+                f"{r['missed_barge_ins']} / {r['barge_ins']}",
+                f"{r['backchannels_that_cut']} / {r['backchannels']}",
+                f"{r['complete_split']}",
+                _ms(ms["p50"]) if ms["p50"] is not None else "-",
+                _ms(ms["p95"]) if ms["p95"] is not None else "-",
+            ]
+        )
+    header = [
+        "round",
+        "false cut-ins",
+        "paused / filler / digits",
+        "missed barge-ins",
+        "backchannels that cut",
+        "complete lines split",
+        "end of speech to final, p50",
+        "p95",
+    ]
+    return _table(header, out) + f"\n{_source(name, data)}"
+
+
 def _frame() -> str:
     data = _load("frame_realtime.json")
     rows = [
@@ -984,6 +1056,8 @@ PERFORMANCE_TABLES: dict[str, Callable[[], str]] = {
     "moves": _moves,
     "voice": lambda: _voice("voice.json"),
     "voice_gpu": lambda: _voice("voice_gpu_llama.json"),
+    "voice_turn": lambda: _voice_turn("voice_turn.json"),
+    "turn_taking": _turn_taking,
     "frame": _frame,
     "quality": _quality,
 }

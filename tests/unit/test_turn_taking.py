@@ -113,15 +113,19 @@ class TurnASR:
         *,
         partial: bool = False,
         on_turn: Callable[[float], None] | None = None,
+        on_text: Callable[[Transcript], None] | None = None,
     ) -> Transcript:
         seconds = len(pcm) / (2 * sample_rate)
         await asyncio.sleep(0.01)
-        if on_turn is not None:
+        transcript = Transcript(f"{seconds:.2f} s", "en", seconds, 0.0, partial)
+        if on_turn is not None:  # as the worker: the transcript, then the verdict
+            if on_text is not None:
+                on_text(transcript)
+            await asyncio.sleep(0.01)
             p = 0.9 if seconds >= self.done_s else 0.1
             self.verdicts.append(p)
             on_turn(p)
-        await asyncio.sleep(0.01)
-        return Transcript(f"{seconds:.2f} s", "en", seconds, 0.0, partial)
+        return transcript
 
 
 async def listen(asr: TurnASR, audio: bytes) -> list[Any]:
@@ -139,8 +143,16 @@ async def listen(asr: TurnASR, audio: bytes) -> list[Any]:
 async def test_a_finished_turn_ends_at_its_pause_before_trailing_silence() -> None:
     events = await listen(TurnASR(done_s=0.5), tone(1.0) + silence(2.0))
     kinds = [type(e) for e in events]
-    assert kinds == [SpeechStarted, SpeechPaused, TurnPredicted, SpeechEnded, FinalTranscript]
-    verdict, ended, final = events[2], events[3], events[4]
+    assert kinds == [
+        SpeechStarted,
+        SpeechPaused,
+        EarlyTranscript,
+        TurnPredicted,
+        SpeechEnded,
+        FinalTranscript,
+    ]
+    early, verdict, ended, final = events[2:]
+    assert early.transcript == final.transcript
     assert verdict.complete and verdict.probability == 0.9 and verdict.took_s >= 0
     assert ended.reason == "turn" and final.early
 
@@ -154,11 +166,11 @@ async def test_a_mid_sentence_pause_is_not_a_turn_and_the_early_reply_is_withdra
     first_pause = kinds.index(SpeechPaused)
     assert kinds[first_pause : first_pause + 4] == [
         SpeechPaused,
-        TurnPredicted,
         EarlyTranscript,
+        TurnPredicted,
         SpeechResumed,
     ]
-    assert not events[first_pause + 1].complete
+    assert not events[first_pause + 2].complete
     final = events[-1]
     assert isinstance(final, FinalTranscript) and final.transcript.duration_s > 1.8
     assert events[kinds.index(SpeechEnded)].reason == "turn"

@@ -165,6 +165,7 @@ class ASRPool(PooledWorkers):
         *,
         partial: bool = False,
         on_turn: Callable[[float], None] | None = None,
+        on_text: Callable[[Transcript], None] | None = None,
     ) -> Transcript:
         """Transcribe 16 kHz mono PCM16 audio.
 
@@ -173,9 +174,11 @@ class ASRPool(PooledWorkers):
             sample_rate: must be 16000 (`AudioFormatError` otherwise).
             partial: a partial transcript: decoded greedily, and refused at once with
                 `SpeechBusyError` when no worker is free rather than queued behind finals.
-            on_turn: also ask the turn model whether the player's turn is over (before the
+            on_turn: also ask the turn model whether the player's turn is over (after the
                 transcript, in the same job): called with its probability as soon as it is
-                known. Needs `turn_model` (`SpeechModelError` otherwise).
+                known (then this returns). Needs `turn_model` (`SpeechModelError` otherwise).
+            on_text: with `on_turn`, called with the transcript as soon as it is known,
+                before the turn model's verdict.
 
         Raises:
             AudioFormatError: wrong rate, odd byte count, longer than 30 s.
@@ -198,27 +201,36 @@ class ASRPool(PooledWorkers):
             "partial": partial,
             "turn": on_turn is not None,
         }
+        empty = Transcript("", self.settings.asr_language, seconds, 0.0, partial)
+
+        def read(result: dict[str, Any] | None) -> Transcript:
+            if result is None:
+                return empty
+            return Transcript(
+                text=result["text"],
+                lang=result["lang"],
+                duration_s=result["duration_s"],
+                took_s=result["took_s"],
+                partial=partial,
+                window_s=result["window_s"],
+                logprob=result.get("logprob", 0.0),
+                no_speech=result.get("no_speech", 0.0),
+            )
+
+        def text_known(result: dict[str, Any]) -> None:
+            if on_text is not None:
+                on_text(read(result))
+
         try:
-            result = await self._run(payload, partial=partial, on_turn=on_turn)
+            result = await self._run(payload, partial=partial, on_turn=on_turn, on_text=text_known)
         except SpeechWorkerError as exc:
             # The worker died under it: the request is idempotent, so a final (not a
             # partial, which a newer one replaces) is tried once more on the new worker.
             if partial or isinstance(exc, SpeechTimeoutError):
                 raise
             log.warning("ASR worker died during a transcription; trying again: %s", exc)
-            result = await self._run(payload, partial=partial, on_turn=on_turn)
-        if result is None:
-            return Transcript("", self.settings.asr_language, seconds, 0.0, partial)
-        return Transcript(
-            text=result["text"],
-            lang=result["lang"],
-            duration_s=result["duration_s"],
-            took_s=result["took_s"],
-            partial=partial,
-            window_s=result["window_s"],
-            logprob=result.get("logprob", 0.0),
-            no_speech=result.get("no_speech", 0.0),
-        )
+            result = await self._run(payload, partial=partial, on_turn=on_turn, on_text=text_known)
+        return read(result)
 
     async def _run(
         self,
@@ -226,6 +238,7 @@ class ASRPool(PooledWorkers):
         *,
         partial: bool,
         on_turn: Callable[[float], None] | None = None,
+        on_text: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any] | None:
         if self._pool is None:
             raise SpeechPoolClosedError("the ASR pool is not started")
@@ -236,9 +249,14 @@ class ASRPool(PooledWorkers):
             # A full timeout of its own: time spent queueing must not count against a
             # worker that is computing (running out kills it as hung).
             has_item, item = await job.next(self.settings.asr_timeout_s)
-            if has_item and on_turn is not None and "turn" in item:
-                on_turn(float(item["turn"]))
-                has_item, item = await job.next(self.settings.asr_timeout_s)
+            if has_item and on_turn is not None:
+                # The transcript, then the turn model's verdict on the same audio.
+                if on_text is not None:
+                    on_text(item)
+                more, verdict = await job.next(self.settings.asr_timeout_s)
+                if more and "turn" in verdict:
+                    on_turn(float(verdict["turn"]))
+                has_item = has_item and more
             if has_item:
                 # Its "done" follows at once: wait for it, so the worker is free again
                 # when this returns (a partial asked for next would find it busy). The
@@ -336,10 +354,10 @@ class Listener:
     `SpeechEnded`, `FinalTranscript`.
 
     With a turn model (`speech.turn_detector: smart_turn` and the ASR pool running one), each
-    pause's early final also asks it whether the player has finished (`TurnPredicted`, before
+    pause's early final also asks it whether the player has finished (`TurnPredicted`, after
     the transcript, from the same worker job): "finished" ends the utterance at once, "not
-    yet" lets it wait up to `turn_wait_ms` of silence. An early transcript ready while the
-    utterance is still open comes as `EarlyTranscript` (after a pause's `TurnPredicted`).
+    yet" lets it wait up to `turn_wait_ms` of silence. The transcript, known while the
+    utterance is still open, comes first as `EarlyTranscript` (a reply can start from it).
 
         async with Listener(asr, settings) as listener:
             listener.feed(pcm)           # any number of times, from the socket handler
@@ -523,9 +541,9 @@ class Listener:
             self._events.put_nowait(None)  # the event stream ends with the finals, always
 
     async def _early_final(self, pause: SpeechPaused) -> _Outcome:
-        """The final transcript started at `pause`; in turn mode, first the turn model's
-        verdict on it (which may end the utterance), and the transcript as `EarlyTranscript`
-        if the utterance is still open when it is ready."""
+        """The final transcript started at `pause`; in turn mode, the transcript as
+        `EarlyTranscript` as soon as it is known (the utterance still open), then the turn
+        model's verdict on the same audio, which may end the utterance."""
         if not self.turn:
             return await self._final(pause.pcm)
         asked = time.perf_counter()
@@ -546,22 +564,30 @@ class Listener:
             self._events.put_nowait(TurnPredicted(utterance, probability, complete, took))
             self._handle(self.endpointer.verdict(complete))
 
-        outcome = await self._final(pause.pcm, on_turn=on_turn)
+        def on_text(transcript: Transcript) -> None:
+            if transcript.text and current():
+                self._events.put_nowait(EarlyTranscript(utterance, transcript))
+
+        outcome = await self._final(pause.pcm, on_turn=on_turn, on_text=on_text)
         if not judged and current():
             self._handle(self.endpointer.verdict(None))  # no verdict: the silence decides
-        transcript, error = outcome
-        if error is None and transcript.text and current():
-            self._events.put_nowait(EarlyTranscript(utterance, transcript))
         return outcome
 
     async def _final(
-        self, pcm: bytes, *, on_turn: Callable[[float], None] | None = None
+        self,
+        pcm: bytes,
+        *,
+        on_turn: Callable[[float], None] | None = None,
+        on_text: Callable[[Transcript], None] | None = None,
     ) -> _Outcome:
         """A final transcript of `pcm`; on failure an empty one, and the error."""
         try:
             if on_turn is None:
                 return await self.asr.transcribe(pcm, ASR_SAMPLE_RATE), None
-            return await self.asr.transcribe(pcm, ASR_SAMPLE_RATE, on_turn=on_turn), None
+            transcript = await self.asr.transcribe(
+                pcm, ASR_SAMPLE_RATE, on_turn=on_turn, on_text=on_text
+            )
+            return transcript, None
         except MythicError as exc:
             seconds = duration_s(pcm, ASR_SAMPLE_RATE)
             return Transcript("", self.settings.asr_language, seconds, 0.0), exc

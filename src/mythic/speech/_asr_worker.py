@@ -153,20 +153,15 @@ class Recognizer:
         }
 
     def run(self, payload: dict[str, Any], cancelled: Callable[[], bool]) -> Iterator[Any]:
-        """Transcribe one utterance: yields one dict (text, lang, duration_s, took_s). With
-        `"turn": true`, first a dict `{"turn": p, "took_s": ...}`: the probability that the
-        player's turn is over (the turn model's, on the same audio); with `"transcribe":
-        false`, only that."""
+        """Transcribe one utterance: yields one dict (text, lang, duration_s, took_s, ...).
+        With `"turn": true`, then a dict `{"turn": p, "took_s": ...}`: the probability that
+        the player's turn is over (the turn model's, on the same audio). The transcript comes
+        first: a reply can start from it (preemptively) while the turn model decides."""
         started = time.perf_counter()
         np = self._np
         audio = np.frombuffer(payload["pcm"], dtype="<i2").astype(np.float32) / 32768.0
-        if payload.get("turn"):
-            if self._turn is None:
-                raise SpeechModelError("this ASR worker has no turn model (speech.turn_detector)")
-            yield {"turn": self._turn.complete(audio), "took_s": time.perf_counter() - started}
-            if not payload.get("transcribe", True) or cancelled():
-                return
-            started = time.perf_counter()
+        if payload.get("turn") and self._turn is None:
+            raise SpeechModelError("this ASR worker has no turn model (speech.turn_detector)")
         first = self.partial_window_s if payload.get("partial") else self.window_s
         text, lang, duration, window = self._transcribe(
             audio, beam_size=payload["beam_size"], window_s=first
@@ -181,6 +176,9 @@ class Recognizer:
             "logprob": logprob,
             "no_speech": no_speech,
         }
+        if payload.get("turn") and self._turn is not None and not cancelled():
+            started = time.perf_counter()
+            yield {"turn": self._turn.complete(audio), "took_s": time.perf_counter() - started}
 
     def _transcribe(
         self, audio: Any, *, beam_size: int, window_s: float
