@@ -21,6 +21,7 @@ from mythic.dialogue._events import (
     AskIntent,
     Event,
     PlayerLine,
+    PlayerPaused,
     PrepareLine,
     SceneChange,
     SessionGone,
@@ -260,6 +261,8 @@ class NPCActor:
                     scene.objects = update.objects
             case PrepareLine():
                 self.prefill.hint(event, tasks)
+            case PlayerPaused(session_id=session_id):
+                self.prefill.pause(session_id)
             case AskIntent():
                 self.intents.ask(event, tasks)
             case SessionGone(session_id=session_id, forget=forget):

@@ -35,6 +35,7 @@ from mythic.dialogue._events import (
     AskIntent,
     Hold,
     PlayerLine,
+    PlayerPaused,
     PrepareLine,
     SceneChange,
     SessionGone,
@@ -214,6 +215,16 @@ class Cast:
         actor = self.actor(npc_id)
         with contextlib.suppress(MailboxFullError, MailboxClosedError):
             actor.deliver(PrepareLine(session_id, text, player_id))
+
+    def paused(self, session_id: str, npc_id: str) -> None:
+        """The player speaking to `npc_id` paused (the voice layer's endpointing): lore being
+        prepared for their line stops, so the final transcript and the reply get the cores.
+
+        Raises:
+            UnknownNPCError: the world has no such NPC.
+        """
+        with contextlib.suppress(MailboxClosedError):
+            self.actor(npc_id).deliver(PlayerPaused(session_id))
 
     def deliver(
         self,

@@ -91,6 +91,14 @@ class PrepareLine:
 
 
 @dataclass(slots=True, frozen=True)
+class PlayerPaused:
+    """The player paused, likely at the end of their line (SYSTEM lane): preparing stops, so
+    the final transcript and the reply get the cores (`Prefill.pause`)."""
+
+    session_id: str
+
+
+@dataclass(slots=True, frozen=True)
 class StopTurn:
     """Stop the NPC's turn (SYSTEM lane): the player interrupted, or the game called it off."""
 
@@ -134,4 +142,13 @@ class TurnDone:
     """The running turn ended (SYSTEM lane, sent by the actor to itself)."""
 
 
-Event = PlayerLine | PrepareLine | StopTurn | SceneChange | AskIntent | SessionGone | TurnDone
+Event = (
+    PlayerLine
+    | PrepareLine
+    | PlayerPaused
+    | StopTurn
+    | SceneChange
+    | AskIntent
+    | SessionGone
+    | TurnDone
+)

@@ -46,6 +46,9 @@ class Prefill:
         self.part: LineContext | None = None
         """The context whose part of a prepared prompt's lore is being evaluated now
         (`_prepare_part`)."""
+        self.stopped: tuple[str, LineContext] | None = None
+        """A part stopped at the player's pause (`pause`): its session and context, for the
+        line's prompt to begin as it did."""
         self.warm_ups = 0
         """Prompts prepared ahead of a line (`PrepareLine`) that reached the engine."""
         self.settled = 0
@@ -68,11 +71,26 @@ class Prefill:
         a prefill runs, after it (the newest words win)."""
         if self._turn_running() or not self.stage.settings.dialogue.prefill_while_speaking:
             return  # the engine is answering already: a prefill would only slow it
+        self.stopped = None  # the player spoke on after a pause: preparing goes on
         if not self.running:
             name = f"prefill {self.character.npc_id}/{prep.session_id}"
             self.task = tasks.create_task(self._run(prep), name=name)
         else:
             self.waiting = prep
+
+    def pause(self, session_id: str) -> None:
+        """The player of `session_id` paused, most likely at the end of their line: a part of
+        lore being evaluated for them is stopped (its last step finishes and stays cached, as
+        when the line comes) and waiting hints dropped, so that the cores go to the final
+        transcript and the reply rather than to more lore. The line's prompt begins as the
+        stopped part's did (`line_context`); a partial after the pause starts preparing
+        again."""
+        task = self.task
+        self.waiting = None
+        if task is None or task.done() or self.session != session_id or self.part is None:
+            return
+        self.stopped = (session_id, self.part)
+        task.cancel()
 
     def settle_after(self, session_id: str, tasks: asyncio.TaskGroup) -> None:
         """A reply of `session_id` is done and nothing else runs: `_settle` the session."""
@@ -236,6 +254,9 @@ class Prefill:
         self.waiting = None
         task = self.task
         stopped: LineContext | None = None
+        if self.stopped is not None and self.stopped[0] == session_id:
+            stopped = self.stopped[1]  # stopped at the player's pause
+        self.stopped = None
         if task is not None and not task.done() and self.session == session_id:
             if self.part is not None:
                 stopped = self.part

@@ -300,6 +300,7 @@ class _Channel:
             FinalTranscript,
             PartialTranscript,
             SpeechEnded,
+            SpeechPaused,
             SpeechResumed,
             SpeechStarted,
             TurnPredicted,
@@ -315,6 +316,10 @@ class _Channel:
                         self._started()
                     case PartialTranscript(utterance=number, transcript=transcript):
                         self._partial(self._turns.get(number, ""), transcript)
+                    case SpeechPaused():
+                        if self.over is None:  # the player's own line, not over the NPC
+                            with contextlib.suppress(MythicError):
+                                self.hub.cast.paused(self.session_id, self.npc_id)
                     case SpeechEnded(at_s=at_s, started_s=started_s):
                         spoke_s = at_s - started_s
                         ended_at = self.arrived_at(at_s)
@@ -372,8 +377,9 @@ class _Channel:
             and self._bid(transcript, spoke_s)
         ):
             self._cut_off()
-        if self.over is None or self.cut:
-            # The NPC prepares its answer's prompt while the player is still speaking.
+        if (self.over is None or self.cut) and not self.listener.endpointer.paused:
+            # The NPC prepares its answer's prompt while the player is still speaking (a
+            # partial come after a pause is stale: the prefill stopped there).
             with contextlib.suppress(MythicError):
                 self.hub.cast.prepare(self.session_id, self.npc_id, text, player_id=self.player_id)
 
