@@ -1052,6 +1052,34 @@ async def test_a_spoken_line_waits_for_no_more_lore_than_more_lore_tokens(
     assert reused >= part.cached + 16, (reused, part.cached)
 
 
+async def test_the_players_pause_stops_preparing_and_the_line_starts_from_the_part(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """At the player's pause (the voice layer's `Cast.paused`) a part of lore being evaluated
+    is stopped there, not when the line comes: the cores go to the final transcript. The
+    line then tells the first lines of that part, in its order, as if it had stopped it."""
+    line = "Where can I buy silver in the Bone Market?"
+    dialogue = {"prepare_step_tokens": 4096, "line_filter": False}
+    async with running(engines, settings, chat=_chat(settings), dialogue=dialogue) as (_, gateway):
+        actor = gateway.cast.actor("marla")
+        talk = engines[0]
+        gateway.cast.prepare("spoken", "marla", "Where can I buy silver")
+        await until(lambda: actor.prefill.part is not None and bool(talk._decoding))
+        stopped, warm = actor.prefill.part, actor.prefill.task
+        gateway.cast.paused("spoken", "marla")
+        await until(lambda: warm is not None and warm.done())
+        assert warm is not None and warm.cancelled()
+        assert actor.prefill.stopped == ("spoken", stopped)
+        said = PlayerUtterance(npc_id="marla", session_id="spoken", turn_id="s-1", text=line)
+        gateway.cast.deliver("spoken", said, spoken=True)
+        await until(lambda: actor.last_turn is not None and actor.last_turn.turn_id == "s-1", 240)
+        told = "\n\n".join(m.content for m in actor.histories["spoken"] if m.role == "system")
+    assert stopped is not None and stopped.lore is not None
+    assert actor.prefill.stopped is None
+    facts = _facts(told)
+    assert facts and facts == _facts(stopped.lore)[: len(facts)], (facts, stopped.lore)
+
+
 async def test_a_new_sessions_persona_is_evaluated_as_the_player_begins(
     engines: tuple[Engine, Engine], settings: MythicSettings
 ) -> None:

@@ -312,13 +312,48 @@ async def test_the_final_is_the_early_transcript_and_as_good(asr: ASRPool, quest
     assert len(finals) == 1 and pauses, [type(e).__name__ for e in events]
     final = finals[0]
     assert final.early and final.error is None
-    assert final.ended.reason == "silence"
+    assert final.ended.reason in ("silence", "turn")  # by the turn model, when it is sure
     assert final.transcript.duration_s == pytest.approx(pauses[-1].duration_s, abs=0.01)
     # As good as a transcript of the audio at the endpoint (`speech_pad_ms` of silence).
     async with asyncio.timeout(60):
         late = await asr.transcribe(final.ended.pcm, 16000)
     assert sounds_like(final.transcript.text, QUESTION), final.transcript
     assert words(final.transcript.text) == words(late.text)
+
+
+async def test_the_turn_model_hears_a_finished_question_and_an_unfinished_one(
+    asr: ASRPool, tts: TTSPool
+) -> None:
+    """Smart Turn, run in the ASR worker after the transcript: a question said whole is a
+    finished turn, the same words stopped mid-phrase are not; its features are Whisper's
+    log-mel spectrogram as Pipecat computes them for it (Pipecat's own function, loaded from
+    the installed wheel's file)."""
+    import importlib.util
+
+    from mythic.speech import TurnModel, smart_turn_path
+
+    if asr.turn_model is None:
+        unavailable(f"the turn model is not installed: {asr.turn_error}")
+    verdicts: dict[str, float] = {}
+    for text in ("Where is the old mill?", "So I was wondering whether you could"):
+        said, chunks = await tts.speak(text, STEADY)
+        pcm = silence(0.2) + to_16k(said, chunks[0].sample_rate) + silence(0.2)
+        seen: list[float] = []
+        transcript = await asr.transcribe(pcm, 16000, on_turn=seen.append)
+        assert transcript.text and len(seen) == 1
+        verdicts[text] = seen[0]
+    finished, unfinished = verdicts.values()
+    assert finished >= 0.5 > unfinished, verdicts
+    reference = smart_turn_path().parent.parent / "_whisper_features.py"
+    spec = importlib.util.spec_from_file_location("pipecat_whisper_features", reference)
+    assert spec is not None and spec.loader is not None
+    features = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(features)
+    audio = np.random.default_rng(7).standard_normal(16000 * 3).astype(np.float32) * 0.1
+    ours = TurnModel(threads=1).features(audio)
+    theirs = features.compute_whisper_log_mel_features(np.pad(audio, (128000 - audio.size, 0)))
+    assert ours.shape == theirs.shape == (80, 800)
+    assert float(np.abs(ours - theirs).max()) < 1e-4
 
 
 def words(text: str) -> list[str]:
