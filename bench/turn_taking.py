@@ -209,6 +209,19 @@ def main() -> None:
         }
     )
     results: list[dict[str, Any]] = []
+
+    def save(*, quiet: bool) -> None:
+        write_results(
+            args.out.resolve(),
+            ROOT,
+            benchmark="turn_taking",
+            voice=args.voice,
+            dialogue_model=args.model,
+            server_threads=args.threads,
+            results=results,
+            quiet=quiet,
+        )
+
     for name in rounds:
         for key, value in ROUNDS[name].items():
             if value is None:
@@ -219,16 +232,7 @@ def main() -> None:
         with spawned_server(WORLD, threads=args.threads, voice=True, nice=0) as url:
             rows = asyncio.run(run_round(url, audio, lines))
         results.append({"round": name, **summarise(rows)})
-        write_results(
-            args.out.resolve(),
-            ROOT,
-            benchmark="turn_taking",
-            voice=args.voice,
-            dialogue_model=args.model,
-            server_threads=args.threads,
-            results=results,
-            quiet=True,
-        )
+        save(quiet=True)  # a bench stopped in a later round keeps this one
     print(f"{'round':<9}{'false cut-ins':>15}{'missed barge-ins':>18}{'backchannels cut':>18}"
           f"{'endpoint p50':>14}{'p95':>7}{'x p50':>7}")  # fmt: skip
     base = results[0]["endpoint_ms"]["p50"]
@@ -241,15 +245,7 @@ def main() -> None:
             f"{fmt(ms['p50'], '.0f'):>14}{fmt(ms['p95'], '.0f'):>7}"
             f"{fmt(ratio(ms['p50'], base), '.2f'):>7}"
         )
-    write_results(
-        args.out.resolve(),
-        ROOT,
-        benchmark="turn_taking",
-        voice=args.voice,
-        dialogue_model=args.model,
-        server_threads=args.threads,
-        results=results,
-    )
+    save(quiet=False)
 
 
 if __name__ == "__main__":

@@ -266,6 +266,16 @@ class _Channel:
                 return at
         return time.perf_counter()
 
+    def line(self, turn_id: str, text: str) -> PlayerUtterance:
+        """What the player said, as their line to the NPC."""
+        return PlayerUtterance(
+            npc_id=self.npc_id,
+            session_id=self.session_id,
+            turn_id=turn_id,
+            text=text,
+            player_id=self.player_id,
+        )
+
     def _stalled(self) -> None:
         """No audio for `speech.stall_ms` while the player is in a pause: the client stopped
         streaming, so the utterance ends now rather than wait for silence never sent."""
@@ -423,15 +433,12 @@ class _Channel:
             if self.hub.cast.actor(self.npc_id).busy_session == self.session_id:
                 return  # its last reply is still being written: this line will barge in
             hold = Hold()
-            line = PlayerUtterance(
-                npc_id=self.npc_id,
-                session_id=self.session_id,
-                turn_id=turn_id,
-                text=text,
-                player_id=self.player_id,
-            )
             self.hub.cast.deliver(
-                self.session_id, line, player_id=self.player_id, spoken=True, hold=hold
+                self.session_id,
+                self.line(turn_id, text),
+                player_id=self.player_id,
+                spoken=True,
+                hold=hold,
             )
             self._preempt, self._early_text = (number, turn_id, hold), text
             self.hub.stats.preempted += 1
@@ -606,13 +613,7 @@ class VoiceHub:
         from mythic.dialogue import MailboxFullError
 
         self._traces[(channel.session_id, turn_id)] = trace
-        line = PlayerUtterance(
-            npc_id=channel.npc_id,
-            session_id=channel.session_id,
-            turn_id=turn_id,
-            text=text,
-            player_id=channel.player_id,
-        )
+        line = channel.line(turn_id, text)
         try:
             self.cast.deliver(channel.session_id, line, player_id=channel.player_id, spoken=True)
         except MailboxFullError as exc:
