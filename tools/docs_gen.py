@@ -292,6 +292,34 @@ def _voice_rows() -> Iterator[SummaryRow]:
         _verdict("<= 800 ms", on <= 800),
         "voice.json",
     )
+    turn = _load("voice_turn.json")
+    by_turn = {r["turn"]: r for r in turn["results"] if r["speakers"] == 1}
+    smart, alone = (by_turn[k]["client_ms"]["first_audio"] for k in ("smart", "silence"))
+    yield SummaryRow(
+        "voice, default model, 2 threads: first audio p50 / p95 with the turn model and "
+        "preemptive replies",
+        f"{_ms(smart['p50'])} / {_ms(smart['p95'])}",
+        f"{_ms(alone['p50'])} / {_ms(alone['p95'])} with turns ended on silence alone",
+        _x(smart["p50"] / alone["p50"]),
+        _verdict("<= 1.0 s / 1.5 s", smart["p50"] <= 1000 and smart["p95"] <= 1500),
+        "voice_turn.json",
+    )
+    taking = {r["round"]: r for r in _load("turn_taking.json")["results"]}
+    cut, was = taking["smart"]["false_cut_ins"], taking["silence"]["false_cut_ins"]
+    lines = taking["smart"]["paused_lines"]
+    yield SummaryRow(
+        "turn-taking: false cut-ins on paused lines (labelled set)",
+        f"{cut} / {lines}",
+        f"{was} / {lines} with turns ended on silence alone",
+        _x(cut / was) if was else "-",
+        _verdict(
+            "at most half, no missed barge-in, no backchannel cuts",
+            2 * cut <= was
+            and taking["smart"]["missed_barge_ins"] <= taking["silence"]["missed_barge_ins"]
+            and taking["smart"]["backchannels_that_cut"] == 0,
+        ),
+        "turn_taking.json",
+    )
     gpu = _load("voice_gpu_llama.json")
     one = next(r for r in gpu["results"] if r["speakers"] == 1)
     audio = one["client_ms"]["first_audio"]
