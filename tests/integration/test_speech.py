@@ -328,10 +328,6 @@ async def test_the_turn_model_hears_a_finished_question_and_an_unfinished_one(
     finished turn, the same words stopped mid-phrase are not; its features are Whisper's
     log-mel spectrogram as Pipecat computes them for it (Pipecat's own function, loaded from
     the installed wheel's file)."""
-    import importlib.util
-
-    from mythic.speech import TurnModel, smart_turn_path
-
     if asr.turn_model is None:
         unavailable(f"the turn model is not installed: {asr.turn_error}")
     verdicts: dict[str, float] = {}
@@ -344,16 +340,30 @@ async def test_the_turn_model_hears_a_finished_question_and_an_unfinished_one(
         verdicts[text] = seen[0]
     finished, unfinished = verdicts.values()
     assert finished >= 0.5 > unfinished, verdicts
-    reference = smart_turn_path().parent.parent / "_whisper_features.py"
-    spec = importlib.util.spec_from_file_location("pipecat_whisper_features", reference)
-    assert spec is not None and spec.loader is not None
-    features = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(features)
-    audio = np.random.default_rng(7).standard_normal(16000 * 3).astype(np.float32) * 0.1
-    ours = TurnModel(threads=1).features(audio)
-    theirs = features.compute_whisper_log_mel_features(np.pad(audio, (128000 - audio.size, 0)))
-    assert ours.shape == theirs.shape == (80, 800)
-    assert float(np.abs(ours - theirs).max()) < 1e-4
+    # In a process of its own: the turn model's features come from faster-whisper, which
+    # this (the server's) process never imports.
+    script = """
+import importlib.util, sys
+import numpy as np
+from mythic.speech import TurnModel, smart_turn_path
+spec = importlib.util.spec_from_file_location(
+    "pipecat_whisper_features", smart_turn_path().parent.parent / "_whisper_features.py"
+)
+features = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(features)
+audio = np.random.default_rng(7).standard_normal(16000 * 3).astype(np.float32) * 0.1
+ours = TurnModel(threads=1).features(audio)
+theirs = features.compute_whisper_log_mel_features(np.pad(audio, (128000 - audio.size, 0)))
+assert ours.shape == theirs.shape == (80, 800), (ours.shape, theirs.shape)
+print(float(np.abs(ours - theirs).max()))
+"""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    async with asyncio.timeout(120):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert float(out.decode().strip()) < 1e-4, out
 
 
 def words(text: str) -> list[str]:
