@@ -366,6 +366,26 @@ print(float(np.abs(ours - theirs).max()))
     assert float(out.decode().strip()) < 1e-4, out
 
 
+async def test_a_damaged_turn_model_leaves_voice_on_silence_alone(
+    tmp_path: Path, question: bytes
+) -> None:
+    """A turn model file that is not ONNX: the ASR workers still start and transcribe, the
+    pool says why turns end on silence alone, and a listener works that way."""
+    broken = tmp_path / "smart-turn.onnx"
+    broken.write_bytes(b"not an onnx model" * 100)
+    pool = await started(SETTINGS.model_copy(update={"turn_model": broken}))
+    try:
+        assert pool.turn_model is None
+        assert pool.turn_error is not None and "turn model" in pool.turn_error
+        async with Listener(pool, SETTINGS) as listener:
+            assert not listener.turn
+            events = await heard(listener, silence(0.5) + question + silence(1.0))
+    finally:
+        await pool.close()
+    (final,) = [e for e in events if isinstance(e, FinalTranscript)]
+    assert final.ended.reason == "silence" and sounds_like(final.transcript.text, QUESTION)
+
+
 def words(text: str) -> list[str]:
     return "".join(c for c in text.lower() if c.isalnum() or c.isspace()).split()
 

@@ -157,6 +157,11 @@ class ASRPool(PooledWorkers):
         )
         await pool.start()
         self._pool = pool
+        failed = next((i["turn_error"] for i in pool.infos if i.get("turn_error")), None)
+        if self.turn_model is not None and failed:
+            # The model file is damaged: voice works on silence alone, and says why.
+            self.turn_model, self.turn_error = None, failed
+            log.warning("turns end on silence alone: %s", failed)
 
     async def transcribe(
         self,
@@ -249,15 +254,20 @@ class ASRPool(PooledWorkers):
             # A full timeout of its own: time spent queueing must not count against a
             # worker that is computing (running out kills it as hung).
             has_item, item = await job.next(self.settings.asr_timeout_s)
+            ended = False  # the job's last message is read already
             if has_item and on_turn is not None:
                 # The transcript, then the turn model's verdict on the same audio.
                 if on_text is not None:
                     on_text(item)
-                more, verdict = await job.next(self.settings.asr_timeout_s)
-                if more and "turn" in verdict:
+                try:
+                    more, verdict = await job.next(self.settings.asr_timeout_s)
+                except MythicError as exc:  # the transcript is in hand: only the verdict lost
+                    log.warning("no turn verdict: %s", exc)
+                    more, verdict = False, None
+                ended = not more
+                if more and verdict is not None and verdict.get("turn") is not None:
                     on_turn(float(verdict["turn"]))
-                has_item = has_item and more
-            if has_item:
+            if has_item and not ended:
                 # Its "done" follows at once: wait for it, so the worker is free again
                 # when this returns (a partial asked for next would find it busy). The
                 # transcript is in hand: what happens to the worker now is not its failure.

@@ -143,12 +143,17 @@ class Recognizer:
             self._decode(quiet, window, beam_size=1, duration=0.5)
         self._scores = (0.0, 0.0)  # the last decode's average log-probability, no-speech
         self._turn: TurnModel | None = None
+        turn_error = None
         if turn_model is not None:
-            self._turn = TurnModel(Path(turn_model), threads=threads)
+            try:
+                self._turn = TurnModel(Path(turn_model), threads=threads)
+            except SpeechModelError as exc:  # a damaged file: Whisper still serves
+                turn_error = exc.message
         self.info: dict[str, Any] = {
             "pid": os.getpid(),
             "model": model_dir,
-            "turn_model": turn_model,
+            "turn_model": turn_model if self._turn is not None else None,
+            "turn_error": turn_error,
             "load_s": time.perf_counter() - started,
         }
 
@@ -178,7 +183,11 @@ class Recognizer:
         }
         if payload.get("turn") and self._turn is not None and not cancelled():
             started = time.perf_counter()
-            yield {"turn": self._turn.complete(audio), "took_s": time.perf_counter() - started}
+            try:
+                verdict: float | None = self._turn.complete(audio)
+            except Exception:  # noqa: BLE001 - onnxruntime's untyped errors: no verdict
+                verdict = None  # the transcript is out already; the silence decides
+            yield {"turn": verdict, "took_s": time.perf_counter() - started}
 
     def _transcribe(
         self, audio: Any, *, beam_size: int, window_s: float
