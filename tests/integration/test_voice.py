@@ -61,6 +61,7 @@ async def voice_server(
     max_tokens: int = 40,
     spoken_max_sentences: int = 3,
     decide: bool = False,
+    speech: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[str, Gateway]]:
     _speech_available()
     async with running(
@@ -68,7 +69,7 @@ async def voice_server(
         settings,
         chat={"max_tokens": max_tokens, "temperature": 0.0},
         dialogue={"decide": decide, "spoken_max_sentences": spoken_max_sentences},
-        speech={"enabled": True, "sample_rate": RATE, "partial_interval_ms": 300},
+        speech={"enabled": True, "sample_rate": RATE, "partial_interval_ms": 300, **(speech or {})},
     ) as (address, gateway):
         voice = gateway.voice
         assert voice is not None
@@ -285,9 +286,12 @@ async def test_a_pause_in_the_middle_of_a_sentence_does_not_end_the_line(
     assert turn.transcript is not None, turn
     assert "wondering" in turn.transcript.lower() and "mill" in turn.transcript.lower()
     assert stats.utterances == 1, stats
-    assert stats.turn_verdicts["incomplete"] >= 1
-    # A reply begun at the pause, from its half, was dropped when the player went on.
-    assert stats.preempted >= 1 and stats.preempt_discarded >= 1
+    # The pause's verdict ("not yet"), and a reply begun from its half and dropped when the
+    # player went on, come when the machine transcribes the half within the pause; a slower
+    # one waits for the verdict instead (turn_wait_ms): one line either way. Every reply begun
+    # early was kept or dropped, and at most one (the whole line's) was kept.
+    assert stats.preempted == stats.preempt_kept + stats.preempt_discarded <= 2, stats
+    assert stats.preempt_kept <= 1 and stats.turn_verdicts["complete"] <= 1, stats
     assert turn.text.strip() and turn.spoken.is_set()
 
 
@@ -361,3 +365,19 @@ def test_the_voice_helpers(monkeypatch: Any) -> None:
     peak = np.abs(np.fft.rfft(back)).argmax()
     assert peak == 440  # the tone survives, at 1 Hz resolution
     del monkeypatch
+
+
+async def test_a_client_that_stops_streaming_in_a_pause_is_still_heard(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """A client that sends 200 ms of silence after the question and then nothing: the endpoint
+    (300 ms of silence) never comes, so the stall (`speech.stall_ms`) ends the utterance."""
+    async with voice_talk(engines, settings, 300, speech={"turn_detector": "silence"}) as (
+        _,
+        gateway,
+        client,
+    ):
+        turn = await client.talk("marla", await said(gateway, QUESTION), silence_ms=200)
+        await turn.wait(180)
+    assert turn.transcript is not None and sounds_like(turn.transcript, QUESTION), turn.transcript
+    assert turn.text.strip()

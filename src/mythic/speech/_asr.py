@@ -454,6 +454,13 @@ class Listener:
         else:
             self._handle(self.endpointer.flush())
 
+    def end_on_silence(self) -> None:
+        """The current pause is judged by silence alone (`trailing_silence_ms`), not by the turn
+        model: the caller knows this is no turn of the player's own (they are talking over an
+        NPC: a backchannel or a barge-in, which must end promptly). A no-op outside turn mode
+        or a pause."""
+        self._handle(self.endpointer.verdict(None))
+
     def end(self) -> None:
         """The audio stream is over: an open utterance ends, its final is transcribed, then
         the event stream ends."""

@@ -225,7 +225,14 @@ class _Channel:
         self.ducked = False
         """`over` is paused: the player has spoken over it for `barge_in_min_ms`."""
         self.cut = False
+        self._over_of: dict[int, _Speech] = {}
+        """By utterance number: the speech each began over, until its final (a final can come
+        after the next utterance has begun)."""
+        self._cuts: set[int] = set()
+        """Utterances that have cut the NPC off already."""
         self._stall: asyncio.TimerHandle | None = None
+        self._audio_at = 0.0
+        """When the last audio chunk arrived (the loop's clock)."""
         self._preempt: tuple[int, str, Hold] | None = None
         """A reply started from a pause's transcript: (utterance, turn_id, its gate)."""
         self._early_text = ""
@@ -248,11 +255,10 @@ class _Channel:
             self._pressed = True
         self.listener.feed(pcm)
         self._maybe_duck()
-        if self._stall is not None:
-            self._stall.cancel()
-        self._stall = asyncio.get_running_loop().call_later(
-            self.hub.settings.stall_ms / 1000, self._stalled
-        )
+        loop = asyncio.get_running_loop()
+        self._audio_at = loop.time()
+        if self._stall is None:  # one timer per stall period, not one per chunk
+            self._stall = loop.call_later(self.hub.settings.stall_ms / 1000, self._stalled)
         self._fed_s += len(pcm) / 32000
         self._arrivals.append((self._fed_s, time.perf_counter()))
         if chunk.end and self.fmt.push_to_talk:
@@ -279,6 +285,12 @@ class _Channel:
     def _stalled(self) -> None:
         """No audio for `speech.stall_ms` while the player is in a pause: the client stopped
         streaming, so the utterance ends now rather than wait for silence never sent."""
+        loop = asyncio.get_running_loop()
+        quiet = loop.time() - self._audio_at
+        stall_s = self.hub.settings.stall_ms / 1000
+        if quiet < stall_s:  # audio came since: wait out the rest of a period from it
+            self._stall = loop.call_later(stall_s - quiet, self._stalled)
+            return
         self._stall = None
         endpointer = self.listener.endpointer
         if endpointer.paused and not self.fmt.push_to_talk:
@@ -330,6 +342,8 @@ class _Channel:
                         if self.over is None:  # the player's own line, not over the NPC
                             with contextlib.suppress(MythicError):
                                 self.hub.cast.paused(self.session_id, self.npc_id)
+                        else:  # over the NPC: a backchannel or a barge-in ends on silence
+                            self.listener.end_on_silence()
                     case SpeechEnded(at_s=at_s, started_s=started_s):
                         spoke_s = at_s - started_s
                         ended_at = self.arrived_at(at_s)
@@ -359,8 +373,10 @@ class _Channel:
             # Over the NPC's speech: a backchannel, or a barge-in (its words, or its length,
             # will tell); the NPC goes on for now.
             self.over, self.ducked, self.cut = speech, False, False
+            self._over_of[self._utterances] = speech
             self._maybe_duck()
         else:
+            self.over, self.ducked, self.cut = None, False, False
             # The player begins a line: a new session's NPC evaluates its persona and memory
             # while the first words are heard (the partials then add the lore).
             with contextlib.suppress(MythicError):
@@ -410,6 +426,7 @@ class _Channel:
 
     def _cut_off(self, speech: _Speech | None = None) -> None:
         speech, self.cut = speech or self.over, True
+        self._cuts.add(self._utterances)
         if speech is not None:
             self.hub.stats.barge_ins += 1
             self.hub.barge_in(speech)
@@ -454,25 +471,37 @@ class _Channel:
 
     def _final(self, event: Any, ended_at: float, spoke_s: float) -> None:
         text = event.transcript.text.strip()
-        turn_id = self._turns.pop(event.utterance, None) or _new_turn_id()
-        over, ducked, self.over, self.ducked = self.over, self.ducked, None, False
+        number = event.utterance
+        turn_id = self._turns.pop(number, None) or _new_turn_id()
+        # This utterance's own state: the player may have begun the next one already.
+        over, cut = self._over_of.pop(number, None), number in self._cuts
+        self._cuts.discard(number)
+        latest = number == self._utterances
+        ducked = latest and self.ducked
+        if latest:
+            self.over, self.ducked = None, False
+
+        def resume(speech: _Speech) -> None:
+            if self.over is not speech:  # a newer utterance over it decides for itself
+                speech.resume()
+
         if event.error is not None:
             self.hub.stats.errors["asr_failed"] += 1
         if not text:
             self._drop_preempt()
             self.hub.stats.no_words += 1
-            if over is not None and not self.cut:
+            if over is not None and not cut:
                 if self.hub.turn_taking(self.npc_id).resume_after_noise:
                     self.hub.stats.false_interruptions += ducked
-                    over.resume()
+                    resume(over)
                 else:
                     self._cut_off(over)
             return
-        if over is not None and not self.cut and not self._bid(event.transcript, spoke_s):
+        if over is not None and not cut and not self._bid(event.transcript, spoke_s):
             self.hub.stats.backchannels += 1
-            over.resume()
+            resume(over)
             return
-        if over is not None and not self.cut:
+        if over is not None and not cut:
             self._cut_off(over)
         trace = VoiceTrace(utterance_end=ended_at, asr_final=time.perf_counter())
         text = text[:MAX_TEXT_CHARS]
