@@ -44,6 +44,11 @@ reply starts from a pause's transcript while the model waits); the ratio is agai
 Each round's server counts the turn model's verdicts and the preemptive replies kept and
 dropped (its /metrics), reported beside.
 
+`--prepare-batch 4096,16` compares rounds with each `dialogue.prepare_batch_tokens`: the
+prompt tokens a part of lore prepared while the player speaks evaluates per model step. A
+part stopped at the player's pause finishes its step before the reply's prompt can start:
+4096 is one step for the whole part (as before the setting), 16 the default.
+
 `--warm off,on` compares rounds without and with the round's NPCs' prompts (persona, and the
 decision's) evaluated before the first line (`POST /v1/warmup {"npcs": [...]}`, as a game does
 when the player comes near them, and as the server does for its first `server.warm_npcs` NPCs
@@ -65,6 +70,7 @@ for a short GPU lease.
                                     [--baseline] [--asr-window-s S] [--server-log PATH]
                                     [--first-phrase-words 0,6] [--spoken-lore all,parts]
                                     [--warm off,on] [--turn silence,smart]
+                                    [--prepare-batch 4096,16]
                                     [--out PATH]
 """
 
@@ -328,6 +334,12 @@ def main() -> None:
         "ratio is against the first",
     )
     parser.add_argument(
+        "--prepare-batch",
+        default=None,
+        help="rounds with each of these dialogue.prepare_batch_tokens, e.g. 4096,16 (default: "
+        "the setting's value only); the ratio is against the first",
+    )
+    parser.add_argument(
         "--server-log",
         type=Path,
         default=None,
@@ -366,8 +378,13 @@ def main() -> None:
     turns = args.turn.split(",")
     if set(turns) - set(TURN):
         parser.error(f"--turn takes {', '.join(TURN)}")
+    default_batch = DialogueSettings.model_fields["prepare_batch_tokens"].default
+    batches = [int(b) for b in args.prepare_batch.split(",")] if args.prepare_batch else []
+    if any(b < 1 for b in batches):
+        parser.error("--prepare-batch takes token counts of at least 1")
     plan = [
-        (count, True, w, lore, decide, engine, warm == "on", turn)
+        (count, True, w, lore, decide, engine, warm == "on", turn, batch)
+        for batch in batches or [default_batch]
         for turn in turns
         for count in counts
         for w in words or [default_words]
@@ -397,7 +414,8 @@ def main() -> None:
 
     # Cold unless the round warms (`--warm on`): no background warm-up racing the first lines.
     os.environ["MYTHIC_SERVER__WARM_NPCS"] = "0"
-    for count, ahead, first_words, lore, decide, engine, warm, turn in plan:
+    for count, ahead, first_words, lore, decide, engine, warm, turn, batch in plan:
+        os.environ["MYTHIC_DIALOGUE__PREPARE_BATCH_TOKENS"] = str(batch)
         for name, value in TURN[turn].items():
             if value is None:
                 os.environ.pop(f"MYTHIC_{name}", None)
@@ -437,6 +455,7 @@ def main() -> None:
             "decision_engine": engine,
             "warm": warm,
             "turn": turn,
+            "prepare_batch_tokens": batch,
         }
         done: list[dict[str, Any]] = []
 
@@ -472,7 +491,7 @@ def main() -> None:
     base = rounds[0]["client_ms"]
     print("end of speech -> each hop, ms, on the client (server's own trace in brackets)")
     print(
-        f"{'speakers':>8} {'turn':<8}{'ahead':<6}{'warm':<5}{'words':>5} {'lore':<6}"
+        f"{'speakers':>8} {'turn':<8}{'batch':>6} {'ahead':<6}{'warm':<5}{'words':>5} {'lore':<6}"
         f"{'decide':<7}{'engine':<8}"
         f"{'hop':<16}{'p50':>8}{'p95':>8}{'p99':>8}{'server p50':>12}{'x p50':>7}"
     )
@@ -481,7 +500,8 @@ def main() -> None:
             ms = r["client_ms"][hop]
             own = r["server_ms"].get(hop, {}).get("p50")
             print(
-                f"{r['speakers']:>8} {r.get('turn', 'smart'):<8}{'on' if r['ahead'] else 'off':<6}"
+                f"{r['speakers']:>8} {r.get('turn', 'smart'):<8}"
+                f"{r.get('prepare_batch_tokens', '-'):>6} {'on' if r['ahead'] else 'off':<6}"
                 f"{'on' if r.get('warm') else 'off':<5}"
                 f"{r['first_phrase_words']:>5} {r['spoken_lore']:<6}"
                 f"{'on' if r['decide'] else 'off':<7}{r['decision_engine']:<8}{hop:<16}"

@@ -94,6 +94,21 @@ def test_prompts_fill_the_step_oldest_first_until_somebody_streams() -> None:
     assert tokens_by_request(step(sched)) == {first.request_id: 1, second.request_id: 128}
 
 
+def test_a_request_with_its_own_step_cap_evaluates_no_more_per_step_even_alone() -> None:
+    sched = Scheduler(SchedulerConfig(max_batch_tokens=512, prefill_chunk=64))
+    warm_up = entry(prompt=40)
+    warm_up.step_tokens = 16  # a prefill a line may stop: short steps bound the line's wait
+    other = entry(prompt=100, arrival=1.0)
+    sched.add(warm_up)
+    sched.add(other)
+    # Alone in the step the warm-up would take all 40; capped, the rest goes to the other.
+    assert tokens_by_request(step(sched)) == {warm_up.request_id: 16, other.request_id: 100}
+    assert tokens_by_request(step(sched))[warm_up.request_id] == 16
+    out = step(sched)
+    assert tokens_by_request(out)[warm_up.request_id] == 8
+    assert [c.sample for c in out.chunks() if c.request_id == warm_up.request_id] == [True]
+
+
 def test_gold_is_scheduled_first_and_always_when_sequences_are_scarce() -> None:
     sched = Scheduler(SchedulerConfig(max_batch_seqs=4, min_slice_seqs=0))
     silver = [entry(Priority.SILVER) for _ in range(8)]

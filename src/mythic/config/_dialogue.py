@@ -97,6 +97,14 @@ class DialogueSettings(Section):
     2 CPU cores beside the speech recogniser a part of 96 tokens took 1.3-1.7 s (on a slow
     day of the project's VM). 0: the whole lore in one part."""
 
+    prepare_batch_tokens: int = Field(default=16, ge=1, le=4096)
+    """Prompt tokens a part prepared while the player speaks evaluates per model step
+    (`GenerationRequest.step_tokens`). When the player stops, the part's step under way
+    finishes before the reply's prompt can start (a llama.cpp step cannot end early without
+    losing it): short steps bound that wait. On 2 CPU cores (Qwen2.5 0.5B) a step of 16
+    tokens took 150 ms at 84% of a long step's speed; one of 96 tokens, the whole part in one
+    step when nothing else runs, about 750 ms."""
+
     prepare_min_words: int = Field(default=3, ge=1, le=100)
     """Words a partial transcript needs before the reply's prompt is prepared from it: the
     lore retrieved for "Is the" is no guide to the line, and later partials only extend it."""

@@ -207,8 +207,10 @@ class Prefill:
                 room=self.window.room(lore=False),
                 tail_again=tail_again,
                 # Stopped for the line, this part's last step still finishes: the line's
-                # prompt begins as this one does (`stopped_cut`) and finds it cached.
+                # prompt begins as this one does (`stopped_cut`) and finds it cached. Short
+                # steps: the line waits for that one alone.
                 finish_step_on_cancel=True,
+                step_tokens=self.stage.settings.dialogue.prepare_batch_tokens,
             )
         finally:
             self.part = None

@@ -167,6 +167,7 @@ class PromptWindow:
         tail_again: TailAgain | None = None,
         room: int = 0,
         finish_step_on_cancel: bool = False,
+        step_tokens: int | None = None,
         lead: str = "",
     ) -> RoutedStream:
         """Open a reply to `tail` with as much of the session's conversation as the model's
@@ -177,7 +178,8 @@ class PromptWindow:
         evaluate the whole conversation again.) `history`: the conversation before `tail`
         when not the session's whole history (a tool's follow-up); `room`: context to leave
         free beyond the reply's tokens (`GenerationRequest.room_tokens`);
-        `finish_step_on_cancel` is the request's (a prefill's, stopped for the line). After a
+        `finish_step_on_cancel` and `step_tokens` are the request's (a prefill's, stopped for
+        the line, in short steps). After a
         jump, `tail_again` gives the tail again: the lore and scene a line tells depend on what
         the window still holds. An overflow is found before anything is evaluated, so a jump
         costs no model time.
@@ -200,6 +202,7 @@ class PromptWindow:
                     sampling=sampling,
                     room_tokens=room,
                     finish_step_on_cancel=finish_step_on_cancel,
+                    step_tokens=step_tokens,
                     continue_text=lead,
                 )
                 try:
@@ -232,6 +235,7 @@ class PromptWindow:
         room: int,
         tail_again: TailAgain | None = None,
         finish_step_on_cancel: bool = False,
+        step_tokens: int | None = None,
     ) -> None:
         """Evaluate the session's prompt up to `tail` only for the KV cache it leaves
         (`fill_kv`), fitted like a reply's (`open`)."""
@@ -243,5 +247,6 @@ class PromptWindow:
             tail_again=tail_again,
             room=room,
             finish_step_on_cancel=finish_step_on_cancel,
+            step_tokens=step_tokens,
         )
         await fill_kv(stream)

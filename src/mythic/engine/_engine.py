@@ -279,6 +279,7 @@ class Engine:
             max_tokens=active.max_tokens,
             kv_cells=len(active.prompt) + active.max_tokens,
             adapter_key=active.adapter_key,
+            step_tokens=request.step_tokens,
             deadline=(
                 active.submitted + request.deadline_s if request.deadline_s is not None else None
             ),

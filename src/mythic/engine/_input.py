@@ -135,6 +135,8 @@ class InputProcessor:
         limit = min(limit, self.backend.n_ctx_seq)
         if request.room_tokens < 0:
             raise InvalidRequestError("room_tokens must be >= 0")
+        if request.step_tokens is not None and request.step_tokens < 1:
+            raise InvalidRequestError("step_tokens must be None or at least 1")
         need = s.max_tokens + request.room_tokens
         if need >= limit:
             raise ContextOverflowError(

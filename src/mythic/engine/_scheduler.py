@@ -136,6 +136,8 @@ class ScheduledEntry:
     adapter_key: AdapterKey = ()
     deadline: float | None = None
     """Monotonic time by which the request must finish, or None."""
+    step_tokens: int | None = None
+    """Most prompt tokens of this entry per step (None: no cap of its own)."""
     prefilled: int = 0
     generated: int = 0
     vtime: float = 0.0
@@ -406,7 +408,9 @@ class Scheduler:
                     entry.request_id, 1, prefill=False, sample=True, adapter_key=entry.adapter_key
                 )
             else:
-                n = min(entry.prefill_left, chunk_limit, tokens_left)
+                n = min(
+                    entry.prefill_left, chunk_limit, tokens_left, entry.step_tokens or chunk_limit
+                )
                 chunk = ScheduledChunk(
                     entry.request_id,
                     n,
