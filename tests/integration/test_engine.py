@@ -599,6 +599,7 @@ async def test_a_grammar_checking_the_greedy_pick_first_gives_the_same_tokens(
         ({"sampling": Sampling(dry_allowed_length=0)}, InvalidRequestError),
         ({"sampling": Sampling(dry_sequence_breakers=("\n", ""))}, InvalidRequestError),
         ({"deadline_s": 0}, InvalidRequestError),
+        ({"step_tokens": 0}, InvalidRequestError),
         ({"npc_id": ""}, InvalidRequestError),
         ({"prompt": "also a prompt"}, InvalidRequestError),
     ],
@@ -862,6 +863,33 @@ async def test_a_warm_up_cancelled_mid_step_keeps_that_steps_tokens(smollm: Engi
     assert "".join(d.text for d in deltas).strip()
     assert deltas[-1].cached_tokens >= in_call  # all the call evaluated, none rolled back
     assert after.running == 0 and after.kv_cells_reserved == 0
+
+
+async def test_a_request_with_step_tokens_evaluates_its_prompt_in_steps_that_short(
+    smollm: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`step_tokens` caps every decode call's share of the request's prompt, even with the
+    engine otherwise idle (a whole step would be its): a warm-up stopped for the line ends
+    its last step soon. Uncapped, the same kind of prompt goes in whole steps."""
+    calls: list[list[int]] = []
+    decode = smollm.backend.decode
+
+    def recording(chunks: list[SequenceChunk], **kwargs: bool) -> list[int]:
+        calls.append([len(chunk.tokens) for chunk in chunks])
+        return decode(chunks, **kwargs)
+
+    monkeypatch.setattr(smollm.backend, "decode", recording)
+    # Prompts of their own (not sharing a prefix another request has cached).
+    capped = await run(smollm, ask("capped", " ".join(QUESTIONS) * 2, 4, step_tokens=16))
+    capped_calls, calls[:] = list(calls), []
+    whole = await run(smollm, ask("whole", " ".join(reversed(QUESTIONS)) * 2, 4))
+    evaluated = capped.prompt_tokens - capped.cached_tokens
+    assert evaluated > 100
+    assert max(max(sizes) for sizes in capped_calls) <= 16
+    assert len(capped_calls) >= evaluated // 16
+    assert whole.prompt_tokens - whole.cached_tokens > 100
+    assert max(max(sizes) for sizes in calls) > 16  # uncapped: the idle engine's whole step
+    assert capped.finish_reason == whole.finish_reason == "length"
 
 
 def test_interrupted_batched_decodes_are_redone_exactly(settings: MythicSettings) -> None:
