@@ -138,9 +138,14 @@ async def test_qwen_serves_sixteen_conversations_in_shared_batches(qwen: Engine)
     assert all(c.text.strip() for c in together)
     assert all(c.finish_reason in {"stop", "length"} for c in together)
     assert after.decode_calls - before.decode_calls < sum(c.tokens for c in together) / 4
-    # The first NPC's reply starts the same as when it runs alone.
-    alone = await run(qwen, ask("q-alone", QUESTIONS[0], 16))
-    assert alone.text.split()[:3] == together[0].text.split()[:3]
+    # Each NPC's reply is its own: most start as when the NPC runs alone. (Not all: Qwen's
+    # greedy replies can fork at a near-tie first token between a batched and a lone decode,
+    # see the test above; replies mixed up between sequences would match almost none.)
+    alone = [(await run(qwen, ask(f"q-alone-{i}", q, 16))).text for i, q in enumerate(QUESTIONS)]
+    starts = [text.split()[:3] for text in alone]
+    same = [c.text.split()[:3] == start for c, start in zip(together, starts, strict=True)]
+    replies = [c.text for c in together]
+    assert sum(same) >= len(QUESTIONS) * 3 // 4, list(zip(alone, replies, strict=True))
 
 
 def _shared_calls(batch_sizes: dict[int, int]) -> int:
