@@ -31,6 +31,7 @@ def write_results(
             "cpu_count": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
+            **cpu(),
         },
         "unix_time": int(time.time()),
         "results": results,
@@ -40,6 +41,24 @@ def write_results(
     partial.replace(path)
     if not quiet:
         print(f"wrote {path.relative_to(root) if path.is_relative_to(root) else path}")
+
+
+def cpu() -> dict[str, Any]:
+    """The processor's model and its vector instructions: llama.cpp and CTranslate2 use AVX-512
+    where it is (bench/voice.py's first audio was 1.7x slower on an AVX2-only machine of the
+    same 2 cores: voice_turn_avx2.json against voice_turn.json), so numbers from machines
+    without the same are not compared."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if "model name" in ln), ""
+    )
+    flags = next(
+        (ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []
+    )
+    return {"cpu": model, "avx512": "avx512f" in flags, "avx2": "avx2" in flags}
 
 
 def pct(values: list[float], q: float) -> float | None:
