@@ -35,7 +35,14 @@ from mythic.contracts import (
     NPCState,
     PlayerUtterance,
     ProtocolError,
+    SceneEnd,
+    SceneJoin,
+    SceneLeave,
+    SceneLine,
     SceneObject,
+    SceneStart,
+    SceneState,
+    SceneTurn,
     SceneUpdate,
     SessionEnd,
     SessionStart,
@@ -102,6 +109,31 @@ SAMPLES: list[Message] = [
     IntentRequest(
         npc_id="guard_3", request_id="q-1", context="the player drew a sword", with_bark=True
     ),
+    SceneStart(
+        scene_id="tavern-1", session_id="s-1", npcs=("barkeep_01", "guard_3"), max_exchanges=3
+    ),
+    SceneJoin(scene_id="tavern-1", session_id="s-1", npc_id="countess"),
+    SceneLeave(scene_id="tavern-1", session_id="s-1", npc_id="guard_3"),
+    SceneEnd(scene_id="tavern-1", session_id="s-1", reason="the player left the tavern"),
+    SceneLine(
+        scene_id="tavern-1",
+        session_id="s-1",
+        turn_id="t-311",
+        text="Guard, is the road north safe?",
+        to="barkeep_01",
+        player_id="p-7",
+    ),
+    SceneState(
+        scene_id="tavern-1", session_id="s-1", npcs=("barkeep_01", "countess"), players=("s-1",)
+    ),
+    SceneTurn(
+        scene_id="tavern-1",
+        session_id="s-1",
+        turn_id="t-311",
+        speakers=("guard_3", "barkeep_01"),
+        turn_ids=("t-311", "t-311.1"),
+        chosen_by="name",
+    ),
     LLMStreamDelta(
         npc_id="barkeep_01",
         session_id="s-1",
@@ -162,6 +194,11 @@ CLIENT_SENDS = {
     "AudioChunk",
     "PlayerUtterance",
     "SceneUpdate",
+    "SceneStart",
+    "SceneJoin",
+    "SceneLeave",
+    "SceneEnd",
+    "SceneLine",
     "IntentRequest",
     "Cutoff",
     "Ack",
@@ -177,6 +214,9 @@ SERVER_SENDS = {
     "ToolCall",
     "IntentUpdate",
     "NPCState",
+    "SceneState",
+    "SceneTurn",
+    "SceneEnd",
     "Cutoff",
     "Ack",
     "Error",
@@ -217,7 +257,7 @@ def _check_error(exc: ProtocolError) -> Error:
 def test_every_message_type_has_a_sample_and_a_name() -> None:
     assert sorted(m.type for m in SAMPLES) == sorted(MESSAGE_TYPES)
     assert set(get_args(MessageType)) == set(MESSAGE_TYPES)
-    assert len(MESSAGE_TYPES) == 17
+    assert len(MESSAGE_TYPES) == 24
 
 
 @pytest.mark.parametrize("message", SAMPLES, ids=lambda m: m.type)

@@ -36,6 +36,7 @@ PUBLIC = [
     "mythic.jobs",
     "mythic.capacity",
     "mythic.voice",
+    "mythic.scenes",
     "mythic.observability",
 ]
 
@@ -54,6 +55,7 @@ UNDER_EDGES = BASE | {
     "capacity",
     "dialogue",
     "voice",
+    "scenes",
 }
 ALLOWED: dict[str, set[str]] = {
     "config": {"_errors"},
@@ -76,6 +78,8 @@ ALLOWED: dict[str, set[str]] = {
     "dialogue": BASE | {"engine", "knowledge", "memory", "route", "archetypes"},
     # Speech wraps a dialogue turn: voice drives the cast's NPCs, and never the server.
     "voice": BASE | {"engine", "knowledge", "memory", "speech", "route", "archetypes", "dialogue"},
+    # Scenes play several NPCs' turns in one conversation: they drive the cast, like voice.
+    "scenes": BASE | {"engine", "knowledge", "memory", "route", "archetypes", "dialogue"},
     "server": UNDER_EDGES,
     # A game vendors the client without the server: it may import only the wire contracts.
     "client": {"_errors", "_extras", "contracts"},

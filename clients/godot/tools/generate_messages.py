@@ -31,7 +31,9 @@ _RULE_KEYS = {
     "pattern": "pattern",
     "minimum": "minimum",
     "maximum": "maximum",
+    "minItems": "min_items",
     "maxItems": "max_items",
+    "uniqueItems": "unique_items",
 }
 # Keywords that say nothing a client checks (documentation, defaults, the encoding of pcm:
 # its pattern checks it).

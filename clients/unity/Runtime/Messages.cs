@@ -30,6 +30,12 @@ namespace Mythic.Client
 
     public partial class NpcState : IServerMessage { }
 
+    public partial class SceneState : IServerMessage { }
+
+    public partial class SceneTurn : IServerMessage { }
+
+    public partial class SceneEnd : IServerMessage { }
+
     public partial class Ack : IServerMessage { }
 
     public partial class TtsChunk : IServerMessage

@@ -10,8 +10,8 @@ namespace Mythic.Client
     /// <summary>Checks a message against its definition in one of the v1 JSON Schemas (the
     /// keywords <c>mythic schema export</c> writes: type, const, enum, anyOf/oneOf, allOf,
     /// if/then/else, $ref, properties, required, additionalProperties, string lengths, pattern,
-    /// number bounds, items). Newtonsoft.Json.Schema is not free software; the subset is
-    /// small.</summary>
+    /// number bounds, items, item counts, uniqueItems). Newtonsoft.Json.Schema is not free
+    /// software; the subset is small.</summary>
     internal sealed class SchemaCheck
     {
         private readonly JObject _defs;
@@ -259,6 +259,14 @@ namespace Mythic.Client
             var max = s["maxItems"];
             if (max != null && array.Count > (int)max)
                 return "must have at most " + (int)max + " items";
+            var unique = s["uniqueItems"];
+            if (unique != null && (bool)unique)
+            {
+                for (var i = 1; i < array.Count; i++)
+                    for (var j = 0; j < i; j++)
+                        if (JToken.DeepEquals(array[i], array[j]))
+                            return "must not repeat an item";
+            }
             var items = s["items"];
             if (items == null)
                 return null;

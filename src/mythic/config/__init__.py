@@ -25,6 +25,7 @@ from mythic.config._route import (
     TierSettings,
     check_route,
 )
+from mythic.config._scenes import SceneSettings
 from mythic.config._server import ServerSettings
 from mythic.config._speech import SpeechSettings
 from mythic.config._world import WorldSettings
@@ -46,6 +47,7 @@ __all__ = [
     "QualityGate",
     "RouteRule",
     "RouteSettings",
+    "SceneSettings",
     "ServerSettings",
     "SpeechSettings",
     "TierSettings",

@@ -27,6 +27,7 @@ from mythic.config._route import (
     TierSettings,
     check_route,
 )
+from mythic.config._scenes import SceneSettings
 from mythic.config._server import ServerSettings
 from mythic.config._speech import SpeechSettings
 from mythic.config._world import WorldSettings
@@ -64,6 +65,8 @@ class MythicSettings(BaseSettings):
     """Tiers, endpoints and routing rules."""
     jobs: JobSettings = Field(default_factory=JobSettings)
     """Bronze jobs on a durable queue."""
+    scenes: SceneSettings = Field(default_factory=SceneSettings)
+    """Group conversations: members, who answers, NPCs answering each other."""
     speech: SpeechSettings = Field(default_factory=SpeechSettings)
     """Speech in and out, and their worker processes."""
     archetypes: ArchetypeSettings = Field(default_factory=ArchetypeSettings)
@@ -99,6 +102,7 @@ DEFAULT_KIND_TIERS: dict[str, str] = {
     "intent": "gold",
     "bark": "gold",
     "tool_decision": "silver",
+    "speaker": "gold",
     "dialogue": "silver",
     "tool_dialogue": "silver",
     "summary": "bronze",

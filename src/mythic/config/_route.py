@@ -12,6 +12,7 @@ REQUEST_KINDS = (
     "intent",
     "bark",
     "tool_decision",
+    "speaker",
     "dialogue",
     "tool_dialogue",
     "summary",

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from pydantic.config import JsonDict
 
 from mythic.contracts._types import (
+    MAX_SCENE_MEMBERS,
     MAX_SCENE_OBJECTS,
     MAX_VISEMES,
     Bark,
@@ -431,6 +432,147 @@ class Cutoff(_Envelope):
     """`barge_in`: the player spoke over the NPC; `cancelled`: the game or server called it off."""
 
 
+# -- scenes: group conversations ------------------------------------------------------------------
+
+
+def _unique(ids: tuple[str, ...], what: str) -> tuple[str, ...]:
+    seen = [i for n, i in enumerate(ids) if i in ids[:n]]
+    if seen:
+        raise ValueError(f"{what} names {seen[0]!r} more than once")
+    return ids
+
+
+_UNIQUE_IDS: JsonDict = {"uniqueItems": True}
+
+Members = Annotated[
+    tuple[Id, ...],
+    Field(min_length=1, max_length=MAX_SCENE_MEMBERS, json_schema_extra=_UNIQUE_IDS),
+]
+
+
+class SceneStart(_Envelope):
+    """Client -> server: open a scene, a conversation of several NPCs and the session's player
+    in earshot of each other. The server answers with `SceneState`."""
+
+    type: Literal["SceneStart"] = "SceneStart"
+    scene_id: Id
+    """Chosen by the client, unique while the scene lasts."""
+    session_id: Id
+    """The session opening it; its player is in the scene."""
+    npcs: Members
+    """The NPCs in the scene, each once (at most the server's `scenes.max_members`)."""
+    max_exchanges: Annotated[int, Field(strict=True, ge=0, le=8)] | None = None
+    """After an NPC's reply, how many more times NPCs may answer each other before the scene
+    waits for a player (default: the server's `scenes.max_exchanges`)."""
+
+    @model_validator(mode="after")
+    def _members_once(self) -> SceneStart:
+        _unique(self.npcs, "npcs")
+        return self
+
+
+class SceneJoin(_Envelope):
+    """Client -> server: an NPC comes into earshot (`npc_id`), or, without `npc_id`, this
+    session's player joins a scene another session opened. The joiner hears only what is
+    said from now on."""
+
+    type: Literal["SceneJoin"] = "SceneJoin"
+    scene_id: Id
+    """The scene joined."""
+    session_id: Id
+    """The session sending it."""
+    npc_id: Id | None = None
+    """The NPC joining; leave out for the session's player."""
+
+
+class SceneLeave(_Envelope):
+    """Client -> server: an NPC (`npc_id`), or this session's player, leaves earshot; what is
+    said after is not heard by them. An NPC answering when it leaves stops."""
+
+    type: Literal["SceneLeave"] = "SceneLeave"
+    scene_id: Id
+    """The scene left."""
+    session_id: Id
+    """The session sending it."""
+    npc_id: Id | None = None
+    """The NPC leaving; leave out for the session's player."""
+
+
+class SceneEnd(_Envelope):
+    """Either direction: the scene is over (its NPCs stop; what they heard stays theirs)."""
+
+    type: Literal["SceneEnd"] = "SceneEnd"
+    scene_id: Id
+    """The scene that ends."""
+    session_id: Id
+    """The session sending it (from the server: the session told)."""
+    reason: Note | None = None
+    """Why, for logs."""
+
+
+class SceneLine(_Envelope):
+    """Client -> server: the player says something to a scene, as text. The server picks who
+    answers (`SceneTurn`): an NPC the line names first, else `to`, else the scene's speaker
+    selector; the replies stream as `LLMStreamDelta`s of their NPCs."""
+
+    type: Literal["SceneLine"] = "SceneLine"
+    scene_id: Id
+    """The scene spoken to."""
+    session_id: Id
+    """The session the line comes from; its player must be in the scene."""
+    turn_id: Id
+    """Chosen by the client, unique in the session; the first reply carries it."""
+    text: Line
+    """What the player says."""
+    to: Id | None = None
+    """The NPC the player faces or targets, when the game knows (a name in `text` wins)."""
+    player_id: Id | None = None
+    """Who says it, when several players share a session."""
+
+
+class SceneState(_Envelope):
+    """Server -> client: who is in a scene now (after each `SceneStart`, `SceneJoin` and
+    `SceneLeave`, to every session in it)."""
+
+    type: Literal["SceneState"] = "SceneState"
+    scene_id: Id
+    """The scene."""
+    session_id: Id
+    """The session told."""
+    npcs: Annotated[tuple[Id, ...], Field(max_length=MAX_SCENE_MEMBERS)]
+    """Its NPCs, in the order they joined."""
+    players: Annotated[tuple[Id, ...], Field(max_length=MAX_SCENE_MEMBERS)] = ()
+    """The sessions of its players, in the order they joined."""
+
+
+class SceneTurn(_Envelope):
+    """Server -> client: who answers a line of a scene, in order, before the first of them
+    begins. Each reply streams as `LLMStreamDelta`s with the NPC's id and its `turn_ids`
+    entry. No speakers: nobody answers."""
+
+    type: Literal["SceneTurn"] = "SceneTurn"
+    scene_id: Id
+    """The scene."""
+    session_id: Id
+    """The session told."""
+    turn_id: Id
+    """The line answered: a player's `SceneLine`, or an NPC's reply (NPCs answering each
+    other)."""
+    speakers: Annotated[tuple[Id, ...], Field(max_length=MAX_SCENE_MEMBERS)]
+    """The NPCs who answer, in order."""
+    turn_ids: Annotated[tuple[Id, ...], Field(max_length=MAX_SCENE_MEMBERS)]
+    """The turn of each speaker's reply, in the same order."""
+    chosen_by: Literal["name", "to", "selector", "nobody"]
+    """`name`: the line names them; `to`: the NPC the player faces; `selector`: the scene's
+    speaker selector decided (a gold request); `nobody`: no one answers."""
+
+    @model_validator(mode="after")
+    def _a_turn_per_speaker(self) -> SceneTurn:
+        if len(self.speakers) != len(self.turn_ids):
+            raise ValueError("turn_ids has one turn per speaker")
+        return self
+
+
 MessageType = Literal[
     "ASRFinal",
     "ASRPartial",
@@ -443,6 +585,13 @@ MessageType = Literal[
     "LLMStreamDelta",
     "NPCState",
     "PlayerUtterance",
+    "SceneEnd",
+    "SceneJoin",
+    "SceneLeave",
+    "SceneLine",
+    "SceneStart",
+    "SceneState",
+    "SceneTurn",
     "SceneUpdate",
     "SessionEnd",
     "SessionStart",
@@ -521,6 +670,13 @@ Message = Annotated[
     | ASRFinal
     | PlayerUtterance
     | SceneUpdate
+    | SceneStart
+    | SceneJoin
+    | SceneLeave
+    | SceneEnd
+    | SceneLine
+    | SceneState
+    | SceneTurn
     | IntentRequest
     | LLMStreamDelta
     | TTSChunk
@@ -540,6 +696,11 @@ ClientMessage = Annotated[
     | AudioChunk
     | PlayerUtterance
     | SceneUpdate
+    | SceneStart
+    | SceneJoin
+    | SceneLeave
+    | SceneEnd
+    | SceneLine
     | IntentRequest
     | Cutoff
     | Ack
@@ -558,6 +719,9 @@ ServerMessage = Annotated[
     | ToolCall
     | IntentUpdate
     | NPCState
+    | SceneState
+    | SceneTurn
+    | SceneEnd
     | Cutoff
     | Ack
     | Error,

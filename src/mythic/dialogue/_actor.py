@@ -20,6 +20,7 @@ from mythic.dialogue._decision import Decider
 from mythic.dialogue._events import (
     AskIntent,
     Event,
+    Overheard,
     PlayerLine,
     PlayerPaused,
     PrepareLine,
@@ -85,6 +86,8 @@ class NPCActor:
         self._held: deque[PlayerLine] = deque()
         self._state_of: tuple[str, str] | None = None
         """The session and turn the state machine's changes are reported to."""
+        self._heard: list[Overheard] = []
+        """Lines heard while a turn of their session ran: kept after the turn's exchange."""
 
     # -- what the server shows of the NPC ---------------------------------------------------
 
@@ -248,6 +251,10 @@ class NPCActor:
                         self.turns.heard[turn.line.turn_id] = event.heard
                     await self._stop_turn(event.reason, announce=False)
                     self._next_held(tasks)
+                elif event.turn_id is not None and self._drop_waiting(
+                    event.session_id, event.turn_id
+                ):
+                    pass  # the line had not started: it is answered `cutoff`, never played
                 elif event.reason == "barge_in" and event.turn_id is not None:
                     # The reply was all written but still being spoken when the player cut in.
                     self.turns.mark_interrupted(event.session_id, event.turn_id, event.heard)
@@ -265,8 +272,17 @@ class NPCActor:
                 self.prefill.pause(session_id)
             case AskIntent():
                 self.intents.ask(event, tasks)
+            case Overheard():
+                if self._turn is not None and self._turn.line.session_id == event.session_id:
+                    self._heard.append(event)
+                else:
+                    self._overhear(event)
             case SessionGone(session_id=session_id, forget=forget):
+                for line in self._held:
+                    if line.session_id == session_id:
+                        line.settle("", "cancelled")
                 self._held = deque(h for h in self._held if h.session_id != session_id)
+                self._heard = [h for h in self._heard if h.session_id != session_id]
                 if self._turn is not None and self._turn.line.session_id == session_id:
                     await self._stop_turn("cancelled", announce=False)
                     self._next_held(tasks)
@@ -278,12 +294,59 @@ class NPCActor:
             case TurnDone():
                 if self._turn is not None and self._turn.task.done():
                     self._turn = None
+                self._flush_heard()
                 self._next_held(tasks)
                 last = self.turns.last
                 if self._turn is None and last is not None and last.finish in ("stop", "length"):
                     self.prefill.settle_after(last.session_id, tasks)
 
+    def _drop_waiting(self, session_id: str, turn_id: str) -> bool:
+        """Drop the line of `turn_id` if it waits (in the mailbox, or behind another
+        session's turn): it gets its final delta, `cutoff`. Whether there was one."""
+
+        def ours(event: Event) -> bool:
+            return isinstance(event, PlayerLine) and (event.session_id, event.turn_id) == (
+                session_id,
+                turn_id,
+            )
+
+        waiting = self.mailbox.drop(Lane.SPEECH, where=ours)
+        waiting += [h for h in self._held if ours(h)]
+        self._held = deque(h for h in self._held if not ours(h))
+        for line in waiting:
+            if isinstance(line, PlayerLine):
+                self.turns.unanswered(line)
+        return bool(waiting)
+
+    def _overhear(self, heard: Overheard) -> None:
+        """Keep lines said in the NPC's hearing in the session's history (and its memory of
+        the session's player)."""
+        session = self.sessions.setdefault(heard.session_id, Session())
+        session.overhear(heard.lines, self.stage.settings.scenes.heard_lines)
+        memory = self.stage.memory
+        if heard.player_id is not None and memory is not None:
+            session.player = session.player or heard.player_id
+            for line in heard.lines:
+                memory.record_event(
+                    self.npc_id, heard.player_id, heard.session_id, f"Heard nearby: {line}"
+                )
+
+    def _flush_heard(self, session_id: str | None = None) -> None:
+        """Keep the lines heard during turns that have ended (of `session_id`: that session's,
+        before its next line starts)."""
+        running = self._turn.line.session_id if self._turn is not None else None
+        later: list[Overheard] = []
+        for heard in self._heard:
+            if heard.session_id == session_id or (
+                session_id is None and heard.session_id != running
+            ):
+                self._overhear(heard)
+            else:
+                later.append(heard)
+        self._heard = later
+
     def _start_turn(self, line: PlayerLine, tasks: asyncio.TaskGroup) -> None:
+        self._flush_heard(line.session_id)
         running = _Running(line)
         running.task = tasks.create_task(
             self._play(running), name=f"turn {self.npc_id}/{line.turn_id}"

@@ -34,9 +34,11 @@ from mythic.dialogue._actor import NPCActor
 from mythic.dialogue._events import (
     AskIntent,
     Hold,
+    Overheard,
     PlayerLine,
     PlayerPaused,
     PrepareLine,
+    Reply,
     SceneChange,
     SessionGone,
     StopTurn,
@@ -276,6 +278,58 @@ class Cast:
                 self.ack(session_id, message)
             case _:
                 raise MythicError(f"{message.type} is not routed to NPCs")
+
+    def say_to(
+        self,
+        session_id: str,
+        npc_id: str,
+        turn_id: str,
+        text: str,
+        *,
+        speaker: str | None = None,
+        player_id: str | None = None,
+        tools: bool = True,
+    ) -> asyncio.Future[Reply]:
+        """A line to `npc_id` (a scene's): from the player, or from another NPC named
+        `speaker`. Returns what the NPC answers, set when its turn ends however it ends.
+
+        Raises:
+            UnknownNPCError: the world has no such NPC.
+            MailboxFullError: the NPC has too many lines waiting.
+        """
+        reply: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        line = PlayerLine(
+            session_id,
+            turn_id,
+            text,
+            time.perf_counter(),
+            tools,
+            player_id,
+            speaker=speaker,
+            reply=reply,
+        )
+        self.actor(npc_id).deliver(line)
+        return reply
+
+    def overhear(
+        self, session_id: str, npc_id: str, lines: tuple[str, ...], *, player_id: str | None
+    ) -> None:
+        """`npc_id` heard `lines` (`Name: words`) said near it, not to it: its history (and
+        memory of the player) keeps them.
+
+        Raises:
+            UnknownNPCError: the world has no such NPC.
+        """
+        with contextlib.suppress(MailboxClosedError):
+            self.actor(npc_id).deliver(Overheard(session_id, lines, player_id))
+
+    def stop(self, session_id: str, npc_id: str, turn_id: str, reason: str = "barge_in") -> None:
+        """Stop `npc_id`'s turn `turn_id` of the session, if it is still running or waiting
+        (its line gets its final delta, `cutoff`)."""
+        actor = self.actors.get(npc_id)
+        if actor is not None:
+            with contextlib.suppress(MailboxClosedError):
+                actor.deliver(StopTurn(session_id, turn_id, reason))
 
     def discard(self, session_id: str, npc_id: str, turn_id: str, hold: Hold) -> None:
         """Drop a preemptive reply (`deliver(..., hold=hold)`) the player's final line did not

@@ -77,6 +77,44 @@ class PlayerLine:
     player spoke and `dialogue.more_lore_tokens` more (`dialogue.prefill_while_speaking`)."""
     hold: Hold | None = None
     """A preemptive reply's gate: its output waits for `Hold.release` (see `Hold`)."""
+    speaker: str | None = None
+    """Who said the line when not the player: another NPC of a scene, by name (the prompt
+    shows `Name: line`, and memory keeps it as something heard, not the player's words)."""
+    reply: asyncio.Future[Reply] | None = None
+    """Set when the turn ends (whatever ends it): what the NPC said and why it stopped (a
+    scene waits on it before the next speaker)."""
+
+    @property
+    def said(self) -> str:
+        """The line as the NPC's prompt shows it."""
+        return f"{self.speaker}: {self.text}" if self.speaker else self.text
+
+    def settle(self, said: str, reason: str) -> None:
+        """The turn answering this line is over: `reply` learns what was said."""
+        if self.reply is not None and not self.reply.done():
+            self.reply.set_result(Reply(said, reason))
+
+
+@dataclass(slots=True, frozen=True)
+class Reply:
+    """What an NPC said to a line (`PlayerLine.reply`), and its finish reason (`stop`,
+    `length`, `tool_call`, `cutoff`, `error`, `cancelled`)."""
+
+    text: str
+    reason: str
+
+
+@dataclass(slots=True, frozen=True)
+class Overheard:
+    """Lines said in the NPC's hearing, not to it (SYSTEM lane: what was heard is never
+    dropped): a scene's other speakers. The session's history keeps them, so the NPC's next
+    prompt (and its memory of the player) knows them; an NPC never told them does not."""
+
+    session_id: str
+    lines: tuple[str, ...]
+    """Each as `Name: words`, in the order said."""
+    player_id: str | None = None
+    """The player of the session, whose memory with this NPC records them."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -150,5 +188,6 @@ Event = (
     | SceneChange
     | AskIntent
     | SessionGone
+    | Overheard
     | TurnDone
 )

@@ -15,6 +15,9 @@ from mythic.knowledge import HEADERS, MORE_LORE
 INTERRUPTED_NOTE = "[interrupted by the player]"
 """Appended to a reply the player cut off, in the history the next turn is prompted with."""
 
+HEARD = "## Heard nearby"
+"""The header of the lines said in the NPC's hearing (a scene's other speakers)."""
+
 
 @dataclass(slots=True)
 class Session:
@@ -94,6 +97,20 @@ class Session:
                 elif section.startswith((HEADERS["scene"], "Scene now:")):
                     scene = section
         return ("\n".join(lore) if lore else None), scene
+
+    def overhear(self, lines: Sequence[str], keep: int) -> None:
+        """Lines said in the NPC's hearing since its last reply: one `## Heard nearby`
+        message at the end of the history (the newest `keep` lines), before its next line."""
+        if not lines:
+            return
+        heard: list[str] = []
+        last = self.history[-1] if self.history else None
+        if last is not None and last.role == "system" and last.content.startswith(HEARD):
+            heard = last.content.splitlines()[1:]
+            self.history.pop()
+        heard = [*heard, *(" ".join(line.split()) for line in lines)][-keep:]
+        self.history.append(ChatMessage("system", "\n".join([HEARD, *heard])))
+        self.spoken_to = True
 
     def trim(self, keep: int) -> None:
         """Keep twice the exchanges a prompt uses (`keep`); the oldest whole exchanges go

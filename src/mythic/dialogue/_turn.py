@@ -139,6 +139,7 @@ class Turns:
         out.reason = "cutoff"
         out.close()
         self.stage.stats.turn_finished("cutoff")
+        line.settle("", "cutoff")
 
     async def run(self, line: PlayerLine) -> None:
         """Play the turn answering `line`; cancelled, it stops within one engine step and
@@ -152,7 +153,7 @@ class Turns:
         out = TurnOutput(self, line)
         memory = stage.memory if line.player_id is not None else None
         self.character.reread_if_reloaded()
-        user = ChatMessage("user", line.text)
+        user = ChatMessage("user", line.said)
         decision_task: asyncio.Task[Decision | None] | None = None
         speaking = False
         try:
@@ -223,6 +224,8 @@ class Turns:
             # A preemptive reply not confirmed left nothing: no history, memory or record.
             if line.hold is None or not line.hold.discarded:
                 self._keep(out, session, user, memory is not None)
+            else:
+                line.settle("", "cancelled")
             if speaking:
                 stage.speakers.release()
             self._enter(DialogueState.IDLE)
@@ -238,7 +241,12 @@ class Turns:
             said = heard.strip()  # what the player heard before cutting in, no more
         if memory is not None and line.player_id is not None:
             npc_id = self.character.npc_id
-            memory.record_turn(npc_id, line.player_id, session_id, "player", line.text)
+            if line.speaker is None:
+                memory.record_turn(npc_id, line.player_id, session_id, "player", line.text)
+            else:  # another NPC of a scene spoke to this one
+                memory.record_event(
+                    npc_id, line.player_id, session_id, f"Heard nearby: {line.said}"
+                )
             if said:
                 memory.record_turn(npc_id, line.player_id, session_id, "npc", said)
         # After a barge-in the next turn knows: the model sees where it was stopped.
@@ -261,6 +269,7 @@ class Turns:
             out.caught,
         )
         stage.stats.turn_finished(out.reason)
+        line.settle(said, out.reason)
 
     async def _checked_reply(
         self,

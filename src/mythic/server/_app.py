@@ -42,6 +42,7 @@ from mythic.jobs import JobQueue
 from mythic.knowledge import Knowledge, World
 from mythic.memory import Memory
 from mythic.route import Router, local_router
+from mythic.scenes import Scenes
 from mythic.server._jobs import JobBoard
 from mythic.server._sessions import Session, Sessions
 
@@ -200,6 +201,8 @@ class Gateway:
             knowledge=knowledge,
             chains=self.chains,
         )
+        self.scenes = Scenes(self.cast, self._send, settings.scenes)
+        """Group conversations: who is in each scene, who answers, who heard what."""
         self.voice: VoiceHub | None = None
         """Speech in and out for voice sessions; None when `speech.enabled` is false."""
         if settings.speech.enabled:
@@ -255,6 +258,7 @@ class Gateway:
                     self._tasks = None
                     for task in background:
                         task.cancel()
+                    await self.scenes.aclose()
                     await self.cast.aclose()
                     if self.voice is not None:
                         await self.voice.aclose()
@@ -285,6 +289,7 @@ class Gateway:
         while True:
             await asyncio.sleep(interval)
             for session in self.sessions.expired():
+                self.scenes.session_gone(session.id, forget=True)
                 self.cast.session_gone(session.id, forget=True)
                 self._voice_gone(session.id, forget=True)
 
@@ -385,12 +390,14 @@ class Gateway:
             session.connected = False
             session.on_overflow = None
             session.detached_at = time.monotonic()
+            self.scenes.session_gone(session.id, forget=False)
             self.cast.session_gone(session.id, forget=False)
             self._voice_gone(session.id, forget=False)
 
     def end_session(self, session: Session) -> None:
         self._links.pop(session.id, None)
         self.sessions.remove(session.id)
+        self.scenes.session_gone(session.id, forget=True)
         self.cast.session_gone(session.id, forget=True)
         self._voice_gone(session.id, forget=True)
 

@@ -80,6 +80,20 @@ class _GatewayCollector(Collector):
             intents.add_metric([intent], n)
         yield intents
         yield CounterMetricFamily("mythic_barge_ins", "turns cut off", value=stats.barge_ins)
+        yield GaugeMetricFamily("mythic_scenes", "scenes open", value=len(g.scenes.scenes))
+        chosen = CounterMetricFamily(
+            "mythic_scene_speakers",
+            "scene lines answered, by how the speaker was chosen (name, to, selector, nobody)",
+            labels=["chosen_by"],
+        )
+        for how, n in sorted(g.scenes.selections.items()):
+            chosen.add_metric([how], n)
+        yield chosen
+        yield CounterMetricFamily(
+            "mythic_scene_selector_failures",
+            "speaker selector decisions that failed or timed out (the last speaker answered)",
+            value=g.scenes.selector_failures,
+        )
         caught = CounterMetricFamily(
             "mythic_reply_tries_caught",
             "reply tries the line filter caught (assistant, narration, taboo, repeat, echo)",

@@ -22,6 +22,11 @@ from mythic.contracts import (
     LLMStreamDelta,
     PlayerUtterance,
     ProtocolError,
+    SceneEnd,
+    SceneJoin,
+    SceneLeave,
+    SceneLine,
+    SceneStart,
     ServerMessage,
     SessionEnd,
     SessionStart,
@@ -35,6 +40,7 @@ from mythic.contracts import (
     parse_client_message,
 )
 from mythic.dialogue import MailboxFullError, UnknownCallError, UnknownNPCError
+from mythic.scenes import SceneError
 from mythic.server._app import Gateway
 from mythic.server._sessions import Session, SessionError
 from mythic.voice import VoiceError
@@ -240,6 +246,9 @@ class Connection:
             case Cutoff():
                 if self.gateway.voice is not None:
                     self.gateway.voice.client_cutoff(session.id, message.npc_id, message.turn_id)
+            case SceneStart() | SceneJoin() | SceneLeave() | SceneEnd() | SceneLine():
+                self._scene(session, message)
+                return
         try:
             self.gateway.cast.deliver(session.id, message, player_id=session.player_id)
         except UnknownNPCError as exc:
@@ -266,6 +275,27 @@ class Connection:
                     finish_reason="error",
                 )
             )
+
+    def _scene(
+        self, session: Session, message: SceneStart | SceneJoin | SceneLeave | SceneEnd | SceneLine
+    ) -> None:
+        scenes, player = self.gateway.scenes, session.player_id
+        try:
+            match message:
+                case SceneStart():
+                    scenes.start(session.id, message, player_id=player)
+                case SceneJoin():
+                    scenes.join(session.id, message, player_id=player)
+                case SceneLeave():
+                    scenes.leave(session.id, message)
+                case SceneEnd():
+                    scenes.end(session.id, message)
+                case SceneLine():
+                    scenes.line(session.id, message, player_id=player)
+        except SceneError as exc:
+            ref = f"{message.type}.{exc.field}" if exc.field else message.type
+            turn_id = message.turn_id if isinstance(message, SceneLine) else None
+            self._fail(exc.code, exc.message, ref=ref, turn_id=turn_id, retryable=exc.retryable)
 
     def _audio(self, session: Session, chunk: AudioChunk) -> None:
         voice = self.gateway.voice

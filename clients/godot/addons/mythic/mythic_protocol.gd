@@ -287,8 +287,15 @@ func _rule_violation(value, rule: Dictionary, ref: String):
 		return [ref, "must be >= %s" % str(rule["minimum"])]
 	if rule.has("maximum") and value > rule["maximum"]:
 		return [ref, "must be <= %s" % str(rule["maximum"])]
+	if rule.has("min_items") and value.size() < rule["min_items"]:
+		return [ref, "must have at least %d items" % rule["min_items"]]
 	if rule.has("max_items") and value.size() > rule["max_items"]:
 		return [ref, "must have at most %d items" % rule["max_items"]]
+	if rule.get("unique_items", false):
+		for i in range(value.size()):
+			for j in range(i):
+				if typeof(value[i]) == typeof(value[j]) and value[i] == value[j]:
+					return ["%s.%d" % [ref, i], "must not repeat an item"]
 	if rule.has("items"):
 		for i in range(value.size()):
 			var wrong = _value_violation(value[i], rule["items"], "%s.%d" % [ref, i])

@@ -12,6 +12,13 @@ export type MythicMessage =
   | ASRFinal
   | PlayerUtterance
   | SceneUpdate
+  | SceneStart
+  | SceneJoin
+  | SceneLeave
+  | SceneEnd
+  | SceneLine
+  | SceneState
+  | SceneTurn
   | IntentRequest
   | LLMStreamDelta
   | TTSChunk
@@ -319,6 +326,492 @@ export interface SceneObject {
   dist: number;
 }
 /**
+ * Client -> server: open a scene, a conversation of several NPCs and the session's player
+ * in earshot of each other. The server answers with `SceneState`.
+ */
+export interface SceneStart {
+  /**
+   * Protocol version. Any other value is answered with an `Error` of code
+   * `bad_schema_version`.
+   */
+  schema_version: "v1";
+  /**
+   * The message type: what the rest of the fields mean.
+   */
+  type: "SceneStart";
+  /**
+   * Chosen by the client, unique while the scene lasts.
+   */
+  scene_id: string;
+  /**
+   * The session opening it; its player is in the scene.
+   */
+  session_id: string;
+  /**
+   * The NPCs in the scene, each once (at most the server's `scenes.max_members`).
+   *
+   * @minItems 1
+   * @maxItems 16
+   */
+  npcs:
+    | [string]
+    | [string, string]
+    | [string, string, string]
+    | [string, string, string, string]
+    | [string, string, string, string, string]
+    | [string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string, string, string]
+    | [
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string
+      ]
+    | [
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string
+      ];
+  /**
+   * After an NPC's reply, how many more times NPCs may answer each other before the scene
+   * waits for a player (default: the server's `scenes.max_exchanges`).
+   */
+  max_exchanges?: number | null;
+}
+/**
+ * Client -> server: an NPC comes into earshot (`npc_id`), or, without `npc_id`, this
+ * session's player joins a scene another session opened. The joiner hears only what is
+ * said from now on.
+ */
+export interface SceneJoin {
+  /**
+   * Protocol version. Any other value is answered with an `Error` of code
+   * `bad_schema_version`.
+   */
+  schema_version: "v1";
+  /**
+   * The message type: what the rest of the fields mean.
+   */
+  type: "SceneJoin";
+  /**
+   * The scene joined.
+   */
+  scene_id: string;
+  /**
+   * The session sending it.
+   */
+  session_id: string;
+  /**
+   * The NPC joining; leave out for the session's player.
+   */
+  npc_id?: string | null;
+}
+/**
+ * Client -> server: an NPC (`npc_id`), or this session's player, leaves earshot; what is
+ * said after is not heard by them. An NPC answering when it leaves stops.
+ */
+export interface SceneLeave {
+  /**
+   * Protocol version. Any other value is answered with an `Error` of code
+   * `bad_schema_version`.
+   */
+  schema_version: "v1";
+  /**
+   * The message type: what the rest of the fields mean.
+   */
+  type: "SceneLeave";
+  /**
+   * The scene left.
+   */
+  scene_id: string;
+  /**
+   * The session sending it.
+   */
+  session_id: string;
+  /**
+   * The NPC leaving; leave out for the session's player.
+   */
+  npc_id?: string | null;
+}
+/**
+ * Either direction: the scene is over (its NPCs stop; what they heard stays theirs).
+ */
+export interface SceneEnd {
+  /**
+   * Protocol version. Any other value is answered with an `Error` of code
+   * `bad_schema_version`.
+   */
+  schema_version: "v1";
+  /**
+   * The message type: what the rest of the fields mean.
+   */
+  type: "SceneEnd";
+  /**
+   * The scene that ends.
+   */
+  scene_id: string;
+  /**
+   * The session sending it (from the server: the session told).
+   */
+  session_id: string;
+  /**
+   * Why, for logs.
+   */
+  reason?: string | null;
+}
+/**
+ * Client -> server: the player says something to a scene, as text. The server picks who
+ * answers (`SceneTurn`): an NPC the line names first, else `to`, else the scene's speaker
+ * selector; the replies stream as `LLMStreamDelta`s of their NPCs.
+ */
+export interface SceneLine {
+  /**
+   * Protocol version. Any other value is answered with an `Error` of code
+   * `bad_schema_version`.
+   */
+  schema_version: "v1";
+  /**
+   * The message type: what the rest of the fields mean.
+   */
+  type: "SceneLine";
+  /**
+   * The scene spoken to.
+   */
+  scene_id: string;
+  /**
+   * The session the line comes from; its player must be in the scene.
+   */
+  session_id: string;
+  /**
+   * Chosen by the client, unique in the session; the first reply carries it.
+   */
+  turn_id: string;
+  /**
+   * What the player says.
+   */
+  text: string;
+  /**
+   * The NPC the player faces or targets, when the game knows (a name in `text` wins).
+   */
+  to?: string | null;
+  /**
+   * Who says it, when several players share a session.
+   */
+  player_id?: string | null;
+}
+/**
+ * Server -> client: who is in a scene now (after each `SceneStart`, `SceneJoin` and
+ * `SceneLeave`, to every session in it).
+ */
+export interface SceneState {
+  /**
+   * Protocol version. Any other value is answered with an `Error` of code
+   * `bad_schema_version`.
+   */
+  schema_version: "v1";
+  /**
+   * The message type: what the rest of the fields mean.
+   */
+  type: "SceneState";
+  /**
+   * The scene.
+   */
+  scene_id: string;
+  /**
+   * The session told.
+   */
+  session_id: string;
+  /**
+   * Its NPCs, in the order they joined.
+   *
+   * @maxItems 16
+   */
+  npcs:
+    | []
+    | [string]
+    | [string, string]
+    | [string, string, string]
+    | [string, string, string, string]
+    | [string, string, string, string, string]
+    | [string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string, string, string]
+    | [
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string
+      ]
+    | [
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string
+      ];
+  /**
+   * The sessions of its players, in the order they joined.
+   *
+   * @maxItems 16
+   */
+  players?:
+    | []
+    | [string]
+    | [string, string]
+    | [string, string, string]
+    | [string, string, string, string]
+    | [string, string, string, string, string]
+    | [string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string, string, string]
+    | [
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string
+      ]
+    | [
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string
+      ];
+}
+/**
+ * Server -> client: who answers a line of a scene, in order, before the first of them
+ * begins. Each reply streams as `LLMStreamDelta`s with the NPC's id and its `turn_ids`
+ * entry. No speakers: nobody answers.
+ */
+export interface SceneTurn {
+  /**
+   * Protocol version. Any other value is answered with an `Error` of code
+   * `bad_schema_version`.
+   */
+  schema_version: "v1";
+  /**
+   * The message type: what the rest of the fields mean.
+   */
+  type: "SceneTurn";
+  /**
+   * The scene.
+   */
+  scene_id: string;
+  /**
+   * The session told.
+   */
+  session_id: string;
+  /**
+   * The line answered: a player's `SceneLine`, or an NPC's reply (NPCs answering each
+   * other).
+   */
+  turn_id: string;
+  /**
+   * The NPCs who answer, in order.
+   *
+   * @maxItems 16
+   */
+  speakers:
+    | []
+    | [string]
+    | [string, string]
+    | [string, string, string]
+    | [string, string, string, string]
+    | [string, string, string, string, string]
+    | [string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string, string, string]
+    | [
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string
+      ]
+    | [
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string
+      ];
+  /**
+   * The turn of each speaker's reply, in the same order.
+   *
+   * @maxItems 16
+   */
+  turn_ids:
+    | []
+    | [string]
+    | [string, string]
+    | [string, string, string]
+    | [string, string, string, string]
+    | [string, string, string, string, string]
+    | [string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string, string]
+    | [string, string, string, string, string, string, string, string, string, string, string, string, string, string]
+    | [
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string
+      ]
+    | [
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string,
+        string
+      ];
+  /**
+   * `name`: the line names them; `to`: the NPC the player faces; `selector`: the scene's
+   * speaker selector decided (a gold request); `nobody`: no one answers.
+   */
+  chosen_by: "name" | "to" | "selector" | "nobody";
+}
+/**
  * Client -> server: ask for a fresh intent for an NPC (the game's intent cache, 1-2 Hz).
  */
 export interface IntentRequest {
@@ -622,6 +1115,13 @@ export interface Ack {
     | "LLMStreamDelta"
     | "NPCState"
     | "PlayerUtterance"
+    | "SceneEnd"
+    | "SceneJoin"
+    | "SceneLeave"
+    | "SceneLine"
+    | "SceneStart"
+    | "SceneState"
+    | "SceneTurn"
     | "SceneUpdate"
     | "SessionEnd"
     | "SessionStart"

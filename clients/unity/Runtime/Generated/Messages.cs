@@ -632,6 +632,352 @@ namespace Mythic.Client
     }
 
     /// <summary>
+    /// Either direction: the scene is over (its NPCs stop; what they heard stays theirs).
+    /// </summary>
+    public partial class SceneEnd
+    {
+        /// <summary>
+        /// Why, for logs.
+        /// </summary>
+        [JsonProperty("reason")]
+        [JsonConverter(typeof(TentacledMinMaxLengthCheckConverter))]
+        public string Reason { get; set; }
+
+        /// <summary>
+        /// The scene that ends.
+        /// </summary>
+        [JsonProperty("scene_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SceneId { get; set; }
+
+        /// <summary>
+        /// Protocol version. Any other value is answered with an `Error` of code
+        /// `bad_schema_version`.
+        /// </summary>
+        [JsonProperty("schema_version", Required = Required.Always)]
+        public SchemaVersion SchemaVersion { get; set; }
+
+        /// <summary>
+        /// The session sending it (from the server: the session told).
+        /// </summary>
+        [JsonProperty("session_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SessionId { get; set; }
+
+        /// <summary>
+        /// The message type: what the rest of the fields mean.
+        /// </summary>
+        [JsonProperty("type", Required = Required.Always)]
+        public SceneEndType Type { get; set; }
+    }
+
+    /// <summary>
+    /// Client -&gt; server: an NPC comes into earshot (`npc_id`), or, without `npc_id`, this
+    /// session's player joins a scene another session opened. The joiner hears only what is
+    /// said from now on.
+    /// </summary>
+    public partial class SceneJoin
+    {
+        /// <summary>
+        /// The NPC joining; leave out for the session's player.
+        /// </summary>
+        [JsonProperty("npc_id")]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string NpcId { get; set; }
+
+        /// <summary>
+        /// The scene joined.
+        /// </summary>
+        [JsonProperty("scene_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SceneId { get; set; }
+
+        /// <summary>
+        /// Protocol version. Any other value is answered with an `Error` of code
+        /// `bad_schema_version`.
+        /// </summary>
+        [JsonProperty("schema_version", Required = Required.Always)]
+        public SchemaVersion SchemaVersion { get; set; }
+
+        /// <summary>
+        /// The session sending it.
+        /// </summary>
+        [JsonProperty("session_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SessionId { get; set; }
+
+        /// <summary>
+        /// The message type: what the rest of the fields mean.
+        /// </summary>
+        [JsonProperty("type", Required = Required.Always)]
+        public SceneJoinType Type { get; set; }
+    }
+
+    /// <summary>
+    /// Client -&gt; server: an NPC (`npc_id`), or this session's player, leaves earshot; what is
+    /// said after is not heard by them. An NPC answering when it leaves stops.
+    /// </summary>
+    public partial class SceneLeave
+    {
+        /// <summary>
+        /// The NPC leaving; leave out for the session's player.
+        /// </summary>
+        [JsonProperty("npc_id")]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string NpcId { get; set; }
+
+        /// <summary>
+        /// The scene left.
+        /// </summary>
+        [JsonProperty("scene_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SceneId { get; set; }
+
+        /// <summary>
+        /// Protocol version. Any other value is answered with an `Error` of code
+        /// `bad_schema_version`.
+        /// </summary>
+        [JsonProperty("schema_version", Required = Required.Always)]
+        public SchemaVersion SchemaVersion { get; set; }
+
+        /// <summary>
+        /// The session sending it.
+        /// </summary>
+        [JsonProperty("session_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SessionId { get; set; }
+
+        /// <summary>
+        /// The message type: what the rest of the fields mean.
+        /// </summary>
+        [JsonProperty("type", Required = Required.Always)]
+        public SceneLeaveType Type { get; set; }
+    }
+
+    /// <summary>
+    /// Client -&gt; server: the player says something to a scene, as text. The server picks who
+    /// answers (`SceneTurn`): an NPC the line names first, else `to`, else the scene's speaker
+    /// selector; the replies stream as `LLMStreamDelta`s of their NPCs.
+    /// </summary>
+    public partial class SceneLine
+    {
+        /// <summary>
+        /// Who says it, when several players share a session.
+        /// </summary>
+        [JsonProperty("player_id")]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string PlayerId { get; set; }
+
+        /// <summary>
+        /// The scene spoken to.
+        /// </summary>
+        [JsonProperty("scene_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SceneId { get; set; }
+
+        /// <summary>
+        /// Protocol version. Any other value is answered with an `Error` of code
+        /// `bad_schema_version`.
+        /// </summary>
+        [JsonProperty("schema_version", Required = Required.Always)]
+        public SchemaVersion SchemaVersion { get; set; }
+
+        /// <summary>
+        /// The session the line comes from; its player must be in the scene.
+        /// </summary>
+        [JsonProperty("session_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SessionId { get; set; }
+
+        /// <summary>
+        /// What the player says.
+        /// </summary>
+        [JsonProperty("text", Required = Required.Always)]
+        [JsonConverter(typeof(HilariousMinMaxLengthCheckConverter))]
+        public string Text { get; set; }
+
+        /// <summary>
+        /// The NPC the player faces or targets, when the game knows (a name in `text` wins).
+        /// </summary>
+        [JsonProperty("to")]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string To { get; set; }
+
+        /// <summary>
+        /// Chosen by the client, unique in the session; the first reply carries it.
+        /// </summary>
+        [JsonProperty("turn_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string TurnId { get; set; }
+
+        /// <summary>
+        /// The message type: what the rest of the fields mean.
+        /// </summary>
+        [JsonProperty("type", Required = Required.Always)]
+        public SceneLineType Type { get; set; }
+    }
+
+    /// <summary>
+    /// Client -&gt; server: open a scene, a conversation of several NPCs and the session's player
+    /// in earshot of each other. The server answers with `SceneState`.
+    /// </summary>
+    public partial class SceneStart
+    {
+        /// <summary>
+        /// After an NPC's reply, how many more times NPCs may answer each other before the scene
+        /// waits for a player (default: the server's `scenes.max_exchanges`).
+        /// </summary>
+        [JsonProperty("max_exchanges")]
+        public long? MaxExchanges { get; set; }
+
+        /// <summary>
+        /// The NPCs in the scene, each once (at most the server's `scenes.max_members`).
+        /// </summary>
+        [JsonProperty("npcs", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleDecodeArrayConverter))]
+        public List<string> Npcs { get; set; }
+
+        /// <summary>
+        /// Chosen by the client, unique while the scene lasts.
+        /// </summary>
+        [JsonProperty("scene_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SceneId { get; set; }
+
+        /// <summary>
+        /// Protocol version. Any other value is answered with an `Error` of code
+        /// `bad_schema_version`.
+        /// </summary>
+        [JsonProperty("schema_version", Required = Required.Always)]
+        public SchemaVersion SchemaVersion { get; set; }
+
+        /// <summary>
+        /// The session opening it; its player is in the scene.
+        /// </summary>
+        [JsonProperty("session_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SessionId { get; set; }
+
+        /// <summary>
+        /// The message type: what the rest of the fields mean.
+        /// </summary>
+        [JsonProperty("type", Required = Required.Always)]
+        public SceneStartType Type { get; set; }
+    }
+
+    /// <summary>
+    /// Server -&gt; client: who is in a scene now (after each `SceneStart`, `SceneJoin` and
+    /// `SceneLeave`, to every session in it).
+    /// </summary>
+    public partial class SceneState
+    {
+        /// <summary>
+        /// Its NPCs, in the order they joined.
+        /// </summary>
+        [JsonProperty("npcs", Required = Required.Always)]
+        [JsonConverter(typeof(FluffyDecodeArrayConverter))]
+        public List<string> Npcs { get; set; }
+
+        /// <summary>
+        /// The sessions of its players, in the order they joined.
+        /// </summary>
+        [JsonProperty("players", Required = Required.Default, NullValueHandling = NullValueHandling.Ignore)]
+        [JsonConverter(typeof(FluffyDecodeArrayConverter))]
+        public List<string> Players { get; set; }
+
+        /// <summary>
+        /// The scene.
+        /// </summary>
+        [JsonProperty("scene_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SceneId { get; set; }
+
+        /// <summary>
+        /// Protocol version. Any other value is answered with an `Error` of code
+        /// `bad_schema_version`.
+        /// </summary>
+        [JsonProperty("schema_version", Required = Required.Always)]
+        public SchemaVersion SchemaVersion { get; set; }
+
+        /// <summary>
+        /// The session told.
+        /// </summary>
+        [JsonProperty("session_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SessionId { get; set; }
+
+        /// <summary>
+        /// The message type: what the rest of the fields mean.
+        /// </summary>
+        [JsonProperty("type", Required = Required.Always)]
+        public SceneStateType Type { get; set; }
+    }
+
+    /// <summary>
+    /// Server -&gt; client: who answers a line of a scene, in order, before the first of them
+    /// begins. Each reply streams as `LLMStreamDelta`s with the NPC's id and its `turn_ids`
+    /// entry. No speakers: nobody answers.
+    /// </summary>
+    public partial class SceneTurn
+    {
+        /// <summary>
+        /// `name`: the line names them; `to`: the NPC the player faces; `selector`: the scene's
+        /// speaker selector decided (a gold request); `nobody`: no one answers.
+        /// </summary>
+        [JsonProperty("chosen_by", Required = Required.Always)]
+        public ChosenBy ChosenBy { get; set; }
+
+        /// <summary>
+        /// The scene.
+        /// </summary>
+        [JsonProperty("scene_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SceneId { get; set; }
+
+        /// <summary>
+        /// Protocol version. Any other value is answered with an `Error` of code
+        /// `bad_schema_version`.
+        /// </summary>
+        [JsonProperty("schema_version", Required = Required.Always)]
+        public SchemaVersion SchemaVersion { get; set; }
+
+        /// <summary>
+        /// The session told.
+        /// </summary>
+        [JsonProperty("session_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SessionId { get; set; }
+
+        /// <summary>
+        /// The NPCs who answer, in order.
+        /// </summary>
+        [JsonProperty("speakers", Required = Required.Always)]
+        [JsonConverter(typeof(FluffyDecodeArrayConverter))]
+        public List<string> Speakers { get; set; }
+
+        /// <summary>
+        /// The line answered: a player's `SceneLine`, or an NPC's reply (NPCs answering each
+        /// other).
+        /// </summary>
+        [JsonProperty("turn_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string TurnId { get; set; }
+
+        /// <summary>
+        /// The turn of each speaker's reply, in the same order.
+        /// </summary>
+        [JsonProperty("turn_ids", Required = Required.Always)]
+        [JsonConverter(typeof(FluffyDecodeArrayConverter))]
+        public List<string> TurnIds { get; set; }
+
+        /// <summary>
+        /// The message type: what the rest of the fields mean.
+        /// </summary>
+        [JsonProperty("type", Required = Required.Always)]
+        public SceneTurnType Type { get; set; }
+    }
+
+    /// <summary>
     /// Client -&gt; server: what an NPC perceives now; fields left out are unchanged.
     /// </summary>
     public partial class SceneUpdate
@@ -1005,7 +1351,7 @@ namespace Mythic.Client
     /// <summary>
     /// The type of the message acknowledged (`ToolCall`).
     /// </summary>
-    public enum AckOf { Ack, AsrFinal, AsrPartial, AudioChunk, Cutoff, Error, IntentRequest, IntentUpdate, LlmStreamDelta, NpcState, PlayerUtterance, SceneUpdate, SessionEnd, SessionStart, ToolCall, TtsChunk, Welcome };
+    public enum AckOf { Ack, AsrFinal, AsrPartial, AudioChunk, Cutoff, Error, IntentRequest, IntentUpdate, LlmStreamDelta, NpcState, PlayerUtterance, SceneEnd, SceneJoin, SceneLeave, SceneLine, SceneStart, SceneState, SceneTurn, SceneUpdate, SessionEnd, SessionStart, ToolCall, TtsChunk, Welcome };
 
     /// <summary>
     /// `ok`: done; `error`: tried and failed; `rejected`: refused (not allowed now, bad
@@ -1048,6 +1394,26 @@ namespace Mythic.Client
 
     public enum PlayerUtteranceType { PlayerUtterance };
 
+    public enum SceneEndType { SceneEnd };
+
+    public enum SceneJoinType { SceneJoin };
+
+    public enum SceneLeaveType { SceneLeave };
+
+    public enum SceneLineType { SceneLine };
+
+    public enum SceneStartType { SceneStart };
+
+    public enum SceneStateType { SceneState };
+
+    /// <summary>
+    /// `name`: the line names them; `to`: the NPC the player faces; `selector`: the scene's
+    /// speaker selector decided (a gold request); `nobody`: no one answers.
+    /// </summary>
+    public enum ChosenBy { Name, Nobody, Selector, To };
+
+    public enum SceneTurnType { SceneTurn };
+
     public enum SceneUpdateType { SceneUpdate };
 
     public enum SessionEndType { SessionEnd };
@@ -1086,6 +1452,14 @@ namespace Mythic.Client
                 StateConverter.Singleton,
                 NpcStateTypeConverter.Singleton,
                 PlayerUtteranceTypeConverter.Singleton,
+                SceneEndTypeConverter.Singleton,
+                SceneJoinTypeConverter.Singleton,
+                SceneLeaveTypeConverter.Singleton,
+                SceneLineTypeConverter.Singleton,
+                SceneStartTypeConverter.Singleton,
+                SceneStateTypeConverter.Singleton,
+                ChosenByConverter.Singleton,
+                SceneTurnTypeConverter.Singleton,
                 SceneUpdateTypeConverter.Singleton,
                 SessionEndTypeConverter.Singleton,
                 SessionStartTypeConverter.Singleton,
@@ -1287,6 +1661,20 @@ namespace Mythic.Client
                     return AckOf.NpcState;
                 case "PlayerUtterance":
                     return AckOf.PlayerUtterance;
+                case "SceneEnd":
+                    return AckOf.SceneEnd;
+                case "SceneJoin":
+                    return AckOf.SceneJoin;
+                case "SceneLeave":
+                    return AckOf.SceneLeave;
+                case "SceneLine":
+                    return AckOf.SceneLine;
+                case "SceneStart":
+                    return AckOf.SceneStart;
+                case "SceneState":
+                    return AckOf.SceneState;
+                case "SceneTurn":
+                    return AckOf.SceneTurn;
                 case "SceneUpdate":
                     return AckOf.SceneUpdate;
                 case "SessionEnd":
@@ -1345,6 +1733,27 @@ namespace Mythic.Client
                     return;
                 case AckOf.PlayerUtterance:
                     serializer.Serialize(writer, "PlayerUtterance");
+                    return;
+                case AckOf.SceneEnd:
+                    serializer.Serialize(writer, "SceneEnd");
+                    return;
+                case AckOf.SceneJoin:
+                    serializer.Serialize(writer, "SceneJoin");
+                    return;
+                case AckOf.SceneLeave:
+                    serializer.Serialize(writer, "SceneLeave");
+                    return;
+                case AckOf.SceneLine:
+                    serializer.Serialize(writer, "SceneLine");
+                    return;
+                case AckOf.SceneStart:
+                    serializer.Serialize(writer, "SceneStart");
+                    return;
+                case AckOf.SceneState:
+                    serializer.Serialize(writer, "SceneState");
+                    return;
+                case AckOf.SceneTurn:
+                    serializer.Serialize(writer, "SceneTurn");
                     return;
                 case AckOf.SceneUpdate:
                     serializer.Serialize(writer, "SceneUpdate");
@@ -2153,6 +2562,363 @@ namespace Mythic.Client
         }
 
         public static readonly PlayerUtteranceTypeConverter Singleton = new PlayerUtteranceTypeConverter();
+    }
+
+    internal class SceneEndTypeConverter : JsonConverter
+    {
+        public override bool CanConvert(Type t) => t == typeof(SceneEndType) || t == typeof(SceneEndType?);
+
+        public override object ReadJson(JsonReader reader, Type t, object existingValue, JsonSerializer serializer)
+        {
+            if (reader.TokenType == JsonToken.Null) return null;
+            var value = serializer.Deserialize<string>(reader);
+            if (value == "SceneEnd")
+            {
+                return SceneEndType.SceneEnd;
+            }
+            throw new Exception("Cannot unmarshal type SceneEndType");
+        }
+
+        public override void WriteJson(JsonWriter writer, object untypedValue, JsonSerializer serializer)
+        {
+            if (untypedValue == null)
+            {
+                serializer.Serialize(writer, null);
+                return;
+            }
+            var value = (SceneEndType)untypedValue;
+            if (value == SceneEndType.SceneEnd)
+            {
+                serializer.Serialize(writer, "SceneEnd");
+                return;
+            }
+            throw new Exception("Cannot marshal type SceneEndType");
+        }
+
+        public static readonly SceneEndTypeConverter Singleton = new SceneEndTypeConverter();
+    }
+
+    internal class SceneJoinTypeConverter : JsonConverter
+    {
+        public override bool CanConvert(Type t) => t == typeof(SceneJoinType) || t == typeof(SceneJoinType?);
+
+        public override object ReadJson(JsonReader reader, Type t, object existingValue, JsonSerializer serializer)
+        {
+            if (reader.TokenType == JsonToken.Null) return null;
+            var value = serializer.Deserialize<string>(reader);
+            if (value == "SceneJoin")
+            {
+                return SceneJoinType.SceneJoin;
+            }
+            throw new Exception("Cannot unmarshal type SceneJoinType");
+        }
+
+        public override void WriteJson(JsonWriter writer, object untypedValue, JsonSerializer serializer)
+        {
+            if (untypedValue == null)
+            {
+                serializer.Serialize(writer, null);
+                return;
+            }
+            var value = (SceneJoinType)untypedValue;
+            if (value == SceneJoinType.SceneJoin)
+            {
+                serializer.Serialize(writer, "SceneJoin");
+                return;
+            }
+            throw new Exception("Cannot marshal type SceneJoinType");
+        }
+
+        public static readonly SceneJoinTypeConverter Singleton = new SceneJoinTypeConverter();
+    }
+
+    internal class SceneLeaveTypeConverter : JsonConverter
+    {
+        public override bool CanConvert(Type t) => t == typeof(SceneLeaveType) || t == typeof(SceneLeaveType?);
+
+        public override object ReadJson(JsonReader reader, Type t, object existingValue, JsonSerializer serializer)
+        {
+            if (reader.TokenType == JsonToken.Null) return null;
+            var value = serializer.Deserialize<string>(reader);
+            if (value == "SceneLeave")
+            {
+                return SceneLeaveType.SceneLeave;
+            }
+            throw new Exception("Cannot unmarshal type SceneLeaveType");
+        }
+
+        public override void WriteJson(JsonWriter writer, object untypedValue, JsonSerializer serializer)
+        {
+            if (untypedValue == null)
+            {
+                serializer.Serialize(writer, null);
+                return;
+            }
+            var value = (SceneLeaveType)untypedValue;
+            if (value == SceneLeaveType.SceneLeave)
+            {
+                serializer.Serialize(writer, "SceneLeave");
+                return;
+            }
+            throw new Exception("Cannot marshal type SceneLeaveType");
+        }
+
+        public static readonly SceneLeaveTypeConverter Singleton = new SceneLeaveTypeConverter();
+    }
+
+    internal class SceneLineTypeConverter : JsonConverter
+    {
+        public override bool CanConvert(Type t) => t == typeof(SceneLineType) || t == typeof(SceneLineType?);
+
+        public override object ReadJson(JsonReader reader, Type t, object existingValue, JsonSerializer serializer)
+        {
+            if (reader.TokenType == JsonToken.Null) return null;
+            var value = serializer.Deserialize<string>(reader);
+            if (value == "SceneLine")
+            {
+                return SceneLineType.SceneLine;
+            }
+            throw new Exception("Cannot unmarshal type SceneLineType");
+        }
+
+        public override void WriteJson(JsonWriter writer, object untypedValue, JsonSerializer serializer)
+        {
+            if (untypedValue == null)
+            {
+                serializer.Serialize(writer, null);
+                return;
+            }
+            var value = (SceneLineType)untypedValue;
+            if (value == SceneLineType.SceneLine)
+            {
+                serializer.Serialize(writer, "SceneLine");
+                return;
+            }
+            throw new Exception("Cannot marshal type SceneLineType");
+        }
+
+        public static readonly SceneLineTypeConverter Singleton = new SceneLineTypeConverter();
+    }
+
+    internal class PurpleDecodeArrayConverter : JsonConverter
+    {
+        public override bool CanConvert(Type t) => t == typeof(List<string>);
+
+        public override object ReadJson(JsonReader reader, Type t, object existingValue, JsonSerializer serializer)
+        {
+            reader.Read();
+            var value = new List<string>();
+            while (reader.TokenType != JsonToken.EndArray)
+            {
+                var converter = PurpleMinMaxLengthCheckConverter.Singleton;
+                var arrayItem = (string)converter.ReadJson(reader, typeof(string), null, serializer);
+                value.Add(arrayItem);
+                reader.Read();
+            }
+            return value;
+        }
+
+        public override void WriteJson(JsonWriter writer, object untypedValue, JsonSerializer serializer)
+        {
+            var value = (List<string>)untypedValue;
+            writer.WriteStartArray();
+            foreach (var arrayItem in value)
+            {
+                var converter = PurpleMinMaxLengthCheckConverter.Singleton;
+                converter.WriteJson(writer, arrayItem, serializer);
+            }
+            writer.WriteEndArray();
+            return;
+        }
+
+        public static readonly PurpleDecodeArrayConverter Singleton = new PurpleDecodeArrayConverter();
+    }
+
+    internal class SceneStartTypeConverter : JsonConverter
+    {
+        public override bool CanConvert(Type t) => t == typeof(SceneStartType) || t == typeof(SceneStartType?);
+
+        public override object ReadJson(JsonReader reader, Type t, object existingValue, JsonSerializer serializer)
+        {
+            if (reader.TokenType == JsonToken.Null) return null;
+            var value = serializer.Deserialize<string>(reader);
+            if (value == "SceneStart")
+            {
+                return SceneStartType.SceneStart;
+            }
+            throw new Exception("Cannot unmarshal type SceneStartType");
+        }
+
+        public override void WriteJson(JsonWriter writer, object untypedValue, JsonSerializer serializer)
+        {
+            if (untypedValue == null)
+            {
+                serializer.Serialize(writer, null);
+                return;
+            }
+            var value = (SceneStartType)untypedValue;
+            if (value == SceneStartType.SceneStart)
+            {
+                serializer.Serialize(writer, "SceneStart");
+                return;
+            }
+            throw new Exception("Cannot marshal type SceneStartType");
+        }
+
+        public static readonly SceneStartTypeConverter Singleton = new SceneStartTypeConverter();
+    }
+
+    internal class FluffyDecodeArrayConverter : JsonConverter
+    {
+        public override bool CanConvert(Type t) => t == typeof(List<string>);
+
+        public override object ReadJson(JsonReader reader, Type t, object existingValue, JsonSerializer serializer)
+        {
+            reader.Read();
+            var value = new List<string>();
+            while (reader.TokenType != JsonToken.EndArray)
+            {
+                var converter = PurpleMinMaxLengthCheckConverter.Singleton;
+                var arrayItem = (string)converter.ReadJson(reader, typeof(string), null, serializer);
+                value.Add(arrayItem);
+                reader.Read();
+            }
+            return value;
+        }
+
+        public override void WriteJson(JsonWriter writer, object untypedValue, JsonSerializer serializer)
+        {
+            var value = (List<string>)untypedValue;
+            writer.WriteStartArray();
+            foreach (var arrayItem in value)
+            {
+                var converter = PurpleMinMaxLengthCheckConverter.Singleton;
+                converter.WriteJson(writer, arrayItem, serializer);
+            }
+            writer.WriteEndArray();
+            return;
+        }
+
+        public static readonly FluffyDecodeArrayConverter Singleton = new FluffyDecodeArrayConverter();
+    }
+
+    internal class SceneStateTypeConverter : JsonConverter
+    {
+        public override bool CanConvert(Type t) => t == typeof(SceneStateType) || t == typeof(SceneStateType?);
+
+        public override object ReadJson(JsonReader reader, Type t, object existingValue, JsonSerializer serializer)
+        {
+            if (reader.TokenType == JsonToken.Null) return null;
+            var value = serializer.Deserialize<string>(reader);
+            if (value == "SceneState")
+            {
+                return SceneStateType.SceneState;
+            }
+            throw new Exception("Cannot unmarshal type SceneStateType");
+        }
+
+        public override void WriteJson(JsonWriter writer, object untypedValue, JsonSerializer serializer)
+        {
+            if (untypedValue == null)
+            {
+                serializer.Serialize(writer, null);
+                return;
+            }
+            var value = (SceneStateType)untypedValue;
+            if (value == SceneStateType.SceneState)
+            {
+                serializer.Serialize(writer, "SceneState");
+                return;
+            }
+            throw new Exception("Cannot marshal type SceneStateType");
+        }
+
+        public static readonly SceneStateTypeConverter Singleton = new SceneStateTypeConverter();
+    }
+
+    internal class ChosenByConverter : JsonConverter
+    {
+        public override bool CanConvert(Type t) => t == typeof(ChosenBy) || t == typeof(ChosenBy?);
+
+        public override object ReadJson(JsonReader reader, Type t, object existingValue, JsonSerializer serializer)
+        {
+            if (reader.TokenType == JsonToken.Null) return null;
+            var value = serializer.Deserialize<string>(reader);
+            switch (value)
+            {
+                case "name":
+                    return ChosenBy.Name;
+                case "nobody":
+                    return ChosenBy.Nobody;
+                case "selector":
+                    return ChosenBy.Selector;
+                case "to":
+                    return ChosenBy.To;
+            }
+            throw new Exception("Cannot unmarshal type ChosenBy");
+        }
+
+        public override void WriteJson(JsonWriter writer, object untypedValue, JsonSerializer serializer)
+        {
+            if (untypedValue == null)
+            {
+                serializer.Serialize(writer, null);
+                return;
+            }
+            var value = (ChosenBy)untypedValue;
+            switch (value)
+            {
+                case ChosenBy.Name:
+                    serializer.Serialize(writer, "name");
+                    return;
+                case ChosenBy.Nobody:
+                    serializer.Serialize(writer, "nobody");
+                    return;
+                case ChosenBy.Selector:
+                    serializer.Serialize(writer, "selector");
+                    return;
+                case ChosenBy.To:
+                    serializer.Serialize(writer, "to");
+                    return;
+            }
+            throw new Exception("Cannot marshal type ChosenBy");
+        }
+
+        public static readonly ChosenByConverter Singleton = new ChosenByConverter();
+    }
+
+    internal class SceneTurnTypeConverter : JsonConverter
+    {
+        public override bool CanConvert(Type t) => t == typeof(SceneTurnType) || t == typeof(SceneTurnType?);
+
+        public override object ReadJson(JsonReader reader, Type t, object existingValue, JsonSerializer serializer)
+        {
+            if (reader.TokenType == JsonToken.Null) return null;
+            var value = serializer.Deserialize<string>(reader);
+            if (value == "SceneTurn")
+            {
+                return SceneTurnType.SceneTurn;
+            }
+            throw new Exception("Cannot unmarshal type SceneTurnType");
+        }
+
+        public override void WriteJson(JsonWriter writer, object untypedValue, JsonSerializer serializer)
+        {
+            if (untypedValue == null)
+            {
+                serializer.Serialize(writer, null);
+                return;
+            }
+            var value = (SceneTurnType)untypedValue;
+            if (value == SceneTurnType.SceneTurn)
+            {
+                serializer.Serialize(writer, "SceneTurn");
+                return;
+            }
+            throw new Exception("Cannot marshal type SceneTurnType");
+        }
+
+        public static readonly SceneTurnTypeConverter Singleton = new SceneTurnTypeConverter();
     }
 
     internal class SceneUpdateTypeConverter : JsonConverter

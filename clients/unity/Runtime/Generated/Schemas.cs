@@ -66,6 +66,13 @@ namespace Mythic.Client
             ""LLMStreamDelta"",
             ""NPCState"",
             ""PlayerUtterance"",
+            ""SceneEnd"",
+            ""SceneJoin"",
+            ""SceneLeave"",
+            ""SceneLine"",
+            ""SceneStart"",
+            ""SceneState"",
+            ""SceneTurn"",
             ""SceneUpdate"",
             ""SessionEnd"",
             ""SessionStart"",
@@ -546,6 +553,278 @@ namespace Mythic.Client
       ""title"": ""PlayerUtterance"",
       ""type"": ""object""
     },
+    ""SceneEnd"": {
+      ""additionalProperties"": false,
+      ""description"": ""Either direction: the scene is over (its NPCs stop; what they heard stays theirs)."",
+      ""properties"": {
+        ""schema_version"": {
+          ""const"": ""v1"",
+          ""default"": ""v1"",
+          ""description"": ""Protocol version. Any other value is answered with an `Error` of code\n`bad_schema_version`."",
+          ""title"": ""Schema Version"",
+          ""type"": ""string""
+        },
+        ""type"": {
+          ""const"": ""SceneEnd"",
+          ""default"": ""SceneEnd"",
+          ""description"": ""The message type: what the rest of the fields mean."",
+          ""title"": ""Type"",
+          ""type"": ""string""
+        },
+        ""scene_id"": {
+          ""description"": ""The scene that ends."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Scene Id"",
+          ""type"": ""string""
+        },
+        ""session_id"": {
+          ""description"": ""The session sending it (from the server: the session told)."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Session Id"",
+          ""type"": ""string""
+        },
+        ""reason"": {
+          ""anyOf"": [
+            {
+              ""maxLength"": 1000,
+              ""type"": ""string""
+            },
+            {
+              ""type"": ""null""
+            }
+          ],
+          ""default"": null,
+          ""description"": ""Why, for logs."",
+          ""title"": ""Reason""
+        }
+      },
+      ""required"": [
+        ""schema_version"",
+        ""type"",
+        ""scene_id"",
+        ""session_id""
+      ],
+      ""title"": ""SceneEnd"",
+      ""type"": ""object""
+    },
+    ""SceneJoin"": {
+      ""additionalProperties"": false,
+      ""description"": ""Client -> server: an NPC comes into earshot (`npc_id`), or, without `npc_id`, this\nsession's player joins a scene another session opened. The joiner hears only what is\nsaid from now on."",
+      ""properties"": {
+        ""schema_version"": {
+          ""const"": ""v1"",
+          ""default"": ""v1"",
+          ""description"": ""Protocol version. Any other value is answered with an `Error` of code\n`bad_schema_version`."",
+          ""title"": ""Schema Version"",
+          ""type"": ""string""
+        },
+        ""type"": {
+          ""const"": ""SceneJoin"",
+          ""default"": ""SceneJoin"",
+          ""description"": ""The message type: what the rest of the fields mean."",
+          ""title"": ""Type"",
+          ""type"": ""string""
+        },
+        ""scene_id"": {
+          ""description"": ""The scene joined."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Scene Id"",
+          ""type"": ""string""
+        },
+        ""session_id"": {
+          ""description"": ""The session sending it."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Session Id"",
+          ""type"": ""string""
+        },
+        ""npc_id"": {
+          ""anyOf"": [
+            {
+              ""maxLength"": 128,
+              ""minLength"": 1,
+              ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+              ""type"": ""string""
+            },
+            {
+              ""type"": ""null""
+            }
+          ],
+          ""default"": null,
+          ""description"": ""The NPC joining; leave out for the session's player."",
+          ""title"": ""Npc Id""
+        }
+      },
+      ""required"": [
+        ""schema_version"",
+        ""type"",
+        ""scene_id"",
+        ""session_id""
+      ],
+      ""title"": ""SceneJoin"",
+      ""type"": ""object""
+    },
+    ""SceneLeave"": {
+      ""additionalProperties"": false,
+      ""description"": ""Client -> server: an NPC (`npc_id`), or this session's player, leaves earshot; what is\nsaid after is not heard by them. An NPC answering when it leaves stops."",
+      ""properties"": {
+        ""schema_version"": {
+          ""const"": ""v1"",
+          ""default"": ""v1"",
+          ""description"": ""Protocol version. Any other value is answered with an `Error` of code\n`bad_schema_version`."",
+          ""title"": ""Schema Version"",
+          ""type"": ""string""
+        },
+        ""type"": {
+          ""const"": ""SceneLeave"",
+          ""default"": ""SceneLeave"",
+          ""description"": ""The message type: what the rest of the fields mean."",
+          ""title"": ""Type"",
+          ""type"": ""string""
+        },
+        ""scene_id"": {
+          ""description"": ""The scene left."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Scene Id"",
+          ""type"": ""string""
+        },
+        ""session_id"": {
+          ""description"": ""The session sending it."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Session Id"",
+          ""type"": ""string""
+        },
+        ""npc_id"": {
+          ""anyOf"": [
+            {
+              ""maxLength"": 128,
+              ""minLength"": 1,
+              ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+              ""type"": ""string""
+            },
+            {
+              ""type"": ""null""
+            }
+          ],
+          ""default"": null,
+          ""description"": ""The NPC leaving; leave out for the session's player."",
+          ""title"": ""Npc Id""
+        }
+      },
+      ""required"": [
+        ""schema_version"",
+        ""type"",
+        ""scene_id"",
+        ""session_id""
+      ],
+      ""title"": ""SceneLeave"",
+      ""type"": ""object""
+    },
+    ""SceneLine"": {
+      ""additionalProperties"": false,
+      ""description"": ""Client -> server: the player says something to a scene, as text. The server picks who\nanswers (`SceneTurn`): an NPC the line names first, else `to`, else the scene's speaker\nselector; the replies stream as `LLMStreamDelta`s of their NPCs."",
+      ""properties"": {
+        ""schema_version"": {
+          ""const"": ""v1"",
+          ""default"": ""v1"",
+          ""description"": ""Protocol version. Any other value is answered with an `Error` of code\n`bad_schema_version`."",
+          ""title"": ""Schema Version"",
+          ""type"": ""string""
+        },
+        ""type"": {
+          ""const"": ""SceneLine"",
+          ""default"": ""SceneLine"",
+          ""description"": ""The message type: what the rest of the fields mean."",
+          ""title"": ""Type"",
+          ""type"": ""string""
+        },
+        ""scene_id"": {
+          ""description"": ""The scene spoken to."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Scene Id"",
+          ""type"": ""string""
+        },
+        ""session_id"": {
+          ""description"": ""The session the line comes from; its player must be in the scene."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Session Id"",
+          ""type"": ""string""
+        },
+        ""turn_id"": {
+          ""description"": ""Chosen by the client, unique in the session; the first reply carries it."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Turn Id"",
+          ""type"": ""string""
+        },
+        ""text"": {
+          ""description"": ""What the player says."",
+          ""maxLength"": 4000,
+          ""minLength"": 1,
+          ""pattern"": ""\\S"",
+          ""title"": ""Text"",
+          ""type"": ""string""
+        },
+        ""to"": {
+          ""anyOf"": [
+            {
+              ""maxLength"": 128,
+              ""minLength"": 1,
+              ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+              ""type"": ""string""
+            },
+            {
+              ""type"": ""null""
+            }
+          ],
+          ""default"": null,
+          ""description"": ""The NPC the player faces or targets, when the game knows (a name in `text` wins)."",
+          ""title"": ""To""
+        },
+        ""player_id"": {
+          ""anyOf"": [
+            {
+              ""maxLength"": 128,
+              ""minLength"": 1,
+              ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+              ""type"": ""string""
+            },
+            {
+              ""type"": ""null""
+            }
+          ],
+          ""default"": null,
+          ""description"": ""Who says it, when several players share a session."",
+          ""title"": ""Player Id""
+        }
+      },
+      ""required"": [
+        ""schema_version"",
+        ""type"",
+        ""scene_id"",
+        ""session_id"",
+        ""turn_id"",
+        ""text""
+      ],
+      ""title"": ""SceneLine"",
+      ""type"": ""object""
+    },
     ""SceneObject"": {
       ""additionalProperties"": false,
       ""description"": ""Something an NPC perceives, and how far away it is."",
@@ -570,6 +849,80 @@ namespace Mythic.Client
         ""dist""
       ],
       ""title"": ""SceneObject"",
+      ""type"": ""object""
+    },
+    ""SceneStart"": {
+      ""additionalProperties"": false,
+      ""description"": ""Client -> server: open a scene, a conversation of several NPCs and the session's player\nin earshot of each other. The server answers with `SceneState`."",
+      ""properties"": {
+        ""schema_version"": {
+          ""const"": ""v1"",
+          ""default"": ""v1"",
+          ""description"": ""Protocol version. Any other value is answered with an `Error` of code\n`bad_schema_version`."",
+          ""title"": ""Schema Version"",
+          ""type"": ""string""
+        },
+        ""type"": {
+          ""const"": ""SceneStart"",
+          ""default"": ""SceneStart"",
+          ""description"": ""The message type: what the rest of the fields mean."",
+          ""title"": ""Type"",
+          ""type"": ""string""
+        },
+        ""scene_id"": {
+          ""description"": ""Chosen by the client, unique while the scene lasts."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Scene Id"",
+          ""type"": ""string""
+        },
+        ""session_id"": {
+          ""description"": ""The session opening it; its player is in the scene."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Session Id"",
+          ""type"": ""string""
+        },
+        ""npcs"": {
+          ""description"": ""The NPCs in the scene, each once (at most the server's `scenes.max_members`)."",
+          ""items"": {
+            ""maxLength"": 128,
+            ""minLength"": 1,
+            ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+            ""type"": ""string""
+          },
+          ""maxItems"": 16,
+          ""minItems"": 1,
+          ""title"": ""Npcs"",
+          ""type"": ""array"",
+          ""uniqueItems"": true
+        },
+        ""max_exchanges"": {
+          ""anyOf"": [
+            {
+              ""maximum"": 8,
+              ""minimum"": 0,
+              ""type"": ""integer""
+            },
+            {
+              ""type"": ""null""
+            }
+          ],
+          ""default"": null,
+          ""description"": ""After an NPC's reply, how many more times NPCs may answer each other before the scene\nwaits for a player (default: the server's `scenes.max_exchanges`)."",
+          ""title"": ""Max Exchanges""
+        }
+      },
+      ""required"": [
+        ""schema_version"",
+        ""type"",
+        ""scene_id"",
+        ""session_id"",
+        ""npcs""
+      ],
+      ""title"": ""SceneStart"",
       ""type"": ""object""
     },
     ""SceneUpdate"": {
@@ -877,6 +1230,11 @@ namespace Mythic.Client
       ""Error"": ""#/$defs/Error"",
       ""IntentRequest"": ""#/$defs/IntentRequest"",
       ""PlayerUtterance"": ""#/$defs/PlayerUtterance"",
+      ""SceneEnd"": ""#/$defs/SceneEnd"",
+      ""SceneJoin"": ""#/$defs/SceneJoin"",
+      ""SceneLeave"": ""#/$defs/SceneLeave"",
+      ""SceneLine"": ""#/$defs/SceneLine"",
+      ""SceneStart"": ""#/$defs/SceneStart"",
       ""SceneUpdate"": ""#/$defs/SceneUpdate"",
       ""SessionEnd"": ""#/$defs/SessionEnd"",
       ""SessionStart"": ""#/$defs/SessionStart""
@@ -898,6 +1256,21 @@ namespace Mythic.Client
     },
     {
       ""$ref"": ""#/$defs/SceneUpdate""
+    },
+    {
+      ""$ref"": ""#/$defs/SceneStart""
+    },
+    {
+      ""$ref"": ""#/$defs/SceneJoin""
+    },
+    {
+      ""$ref"": ""#/$defs/SceneLeave""
+    },
+    {
+      ""$ref"": ""#/$defs/SceneEnd""
+    },
+    {
+      ""$ref"": ""#/$defs/SceneLine""
     },
     {
       ""$ref"": ""#/$defs/IntentRequest""
@@ -1116,6 +1489,13 @@ namespace Mythic.Client
             ""LLMStreamDelta"",
             ""NPCState"",
             ""PlayerUtterance"",
+            ""SceneEnd"",
+            ""SceneJoin"",
+            ""SceneLeave"",
+            ""SceneLine"",
+            ""SceneStart"",
+            ""SceneState"",
+            ""SceneTurn"",
             ""SceneUpdate"",
             ""SessionEnd"",
             ""SessionStart"",
@@ -1674,6 +2054,225 @@ namespace Mythic.Client
       ""title"": ""NPCState"",
       ""type"": ""object""
     },
+    ""SceneEnd"": {
+      ""additionalProperties"": false,
+      ""description"": ""Either direction: the scene is over (its NPCs stop; what they heard stays theirs)."",
+      ""properties"": {
+        ""schema_version"": {
+          ""const"": ""v1"",
+          ""default"": ""v1"",
+          ""description"": ""Protocol version. Any other value is answered with an `Error` of code\n`bad_schema_version`."",
+          ""title"": ""Schema Version"",
+          ""type"": ""string""
+        },
+        ""type"": {
+          ""const"": ""SceneEnd"",
+          ""default"": ""SceneEnd"",
+          ""description"": ""The message type: what the rest of the fields mean."",
+          ""title"": ""Type"",
+          ""type"": ""string""
+        },
+        ""scene_id"": {
+          ""description"": ""The scene that ends."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Scene Id"",
+          ""type"": ""string""
+        },
+        ""session_id"": {
+          ""description"": ""The session sending it (from the server: the session told)."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Session Id"",
+          ""type"": ""string""
+        },
+        ""reason"": {
+          ""anyOf"": [
+            {
+              ""maxLength"": 1000,
+              ""type"": ""string""
+            },
+            {
+              ""type"": ""null""
+            }
+          ],
+          ""default"": null,
+          ""description"": ""Why, for logs."",
+          ""title"": ""Reason""
+        }
+      },
+      ""required"": [
+        ""schema_version"",
+        ""type"",
+        ""scene_id"",
+        ""session_id""
+      ],
+      ""title"": ""SceneEnd"",
+      ""type"": ""object""
+    },
+    ""SceneState"": {
+      ""additionalProperties"": false,
+      ""description"": ""Server -> client: who is in a scene now (after each `SceneStart`, `SceneJoin` and\n`SceneLeave`, to every session in it)."",
+      ""properties"": {
+        ""schema_version"": {
+          ""const"": ""v1"",
+          ""default"": ""v1"",
+          ""description"": ""Protocol version. Any other value is answered with an `Error` of code\n`bad_schema_version`."",
+          ""title"": ""Schema Version"",
+          ""type"": ""string""
+        },
+        ""type"": {
+          ""const"": ""SceneState"",
+          ""default"": ""SceneState"",
+          ""description"": ""The message type: what the rest of the fields mean."",
+          ""title"": ""Type"",
+          ""type"": ""string""
+        },
+        ""scene_id"": {
+          ""description"": ""The scene."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Scene Id"",
+          ""type"": ""string""
+        },
+        ""session_id"": {
+          ""description"": ""The session told."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Session Id"",
+          ""type"": ""string""
+        },
+        ""npcs"": {
+          ""description"": ""Its NPCs, in the order they joined."",
+          ""items"": {
+            ""maxLength"": 128,
+            ""minLength"": 1,
+            ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+            ""type"": ""string""
+          },
+          ""maxItems"": 16,
+          ""title"": ""Npcs"",
+          ""type"": ""array""
+        },
+        ""players"": {
+          ""default"": [],
+          ""description"": ""The sessions of its players, in the order they joined."",
+          ""items"": {
+            ""maxLength"": 128,
+            ""minLength"": 1,
+            ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+            ""type"": ""string""
+          },
+          ""maxItems"": 16,
+          ""title"": ""Players"",
+          ""type"": ""array""
+        }
+      },
+      ""required"": [
+        ""schema_version"",
+        ""type"",
+        ""scene_id"",
+        ""session_id"",
+        ""npcs""
+      ],
+      ""title"": ""SceneState"",
+      ""type"": ""object""
+    },
+    ""SceneTurn"": {
+      ""additionalProperties"": false,
+      ""description"": ""Server -> client: who answers a line of a scene, in order, before the first of them\nbegins. Each reply streams as `LLMStreamDelta`s with the NPC's id and its `turn_ids`\nentry. No speakers: nobody answers."",
+      ""properties"": {
+        ""schema_version"": {
+          ""const"": ""v1"",
+          ""default"": ""v1"",
+          ""description"": ""Protocol version. Any other value is answered with an `Error` of code\n`bad_schema_version`."",
+          ""title"": ""Schema Version"",
+          ""type"": ""string""
+        },
+        ""type"": {
+          ""const"": ""SceneTurn"",
+          ""default"": ""SceneTurn"",
+          ""description"": ""The message type: what the rest of the fields mean."",
+          ""title"": ""Type"",
+          ""type"": ""string""
+        },
+        ""scene_id"": {
+          ""description"": ""The scene."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Scene Id"",
+          ""type"": ""string""
+        },
+        ""session_id"": {
+          ""description"": ""The session told."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Session Id"",
+          ""type"": ""string""
+        },
+        ""turn_id"": {
+          ""description"": ""The line answered: a player's `SceneLine`, or an NPC's reply (NPCs answering each\nother)."",
+          ""maxLength"": 128,
+          ""minLength"": 1,
+          ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+          ""title"": ""Turn Id"",
+          ""type"": ""string""
+        },
+        ""speakers"": {
+          ""description"": ""The NPCs who answer, in order."",
+          ""items"": {
+            ""maxLength"": 128,
+            ""minLength"": 1,
+            ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+            ""type"": ""string""
+          },
+          ""maxItems"": 16,
+          ""title"": ""Speakers"",
+          ""type"": ""array""
+        },
+        ""turn_ids"": {
+          ""description"": ""The turn of each speaker's reply, in the same order."",
+          ""items"": {
+            ""maxLength"": 128,
+            ""minLength"": 1,
+            ""pattern"": ""^[A-Za-z0-9_.:-]{1,128}$"",
+            ""type"": ""string""
+          },
+          ""maxItems"": 16,
+          ""title"": ""Turn Ids"",
+          ""type"": ""array""
+        },
+        ""chosen_by"": {
+          ""description"": ""`name`: the line names them; `to`: the NPC the player faces; `selector`: the scene's\nspeaker selector decided (a gold request); `nobody`: no one answers."",
+          ""enum"": [
+            ""name"",
+            ""to"",
+            ""selector"",
+            ""nobody""
+          ],
+          ""title"": ""Chosen By"",
+          ""type"": ""string""
+        }
+      },
+      ""required"": [
+        ""schema_version"",
+        ""type"",
+        ""scene_id"",
+        ""session_id"",
+        ""turn_id"",
+        ""speakers"",
+        ""turn_ids"",
+        ""chosen_by""
+      ],
+      ""title"": ""SceneTurn"",
+      ""type"": ""object""
+    },
     ""SessionEnd"": {
       ""additionalProperties"": false,
       ""description"": ""Either direction: the session is over; the server forgets its resume token."",
@@ -1977,6 +2576,9 @@ namespace Mythic.Client
       ""IntentUpdate"": ""#/$defs/IntentUpdate"",
       ""LLMStreamDelta"": ""#/$defs/LLMStreamDelta"",
       ""NPCState"": ""#/$defs/NPCState"",
+      ""SceneEnd"": ""#/$defs/SceneEnd"",
+      ""SceneState"": ""#/$defs/SceneState"",
+      ""SceneTurn"": ""#/$defs/SceneTurn"",
       ""SessionEnd"": ""#/$defs/SessionEnd"",
       ""TTSChunk"": ""#/$defs/TTSChunk"",
       ""ToolCall"": ""#/$defs/ToolCall"",
@@ -2011,6 +2613,15 @@ namespace Mythic.Client
     },
     {
       ""$ref"": ""#/$defs/NPCState""
+    },
+    {
+      ""$ref"": ""#/$defs/SceneState""
+    },
+    {
+      ""$ref"": ""#/$defs/SceneTurn""
+    },
+    {
+      ""$ref"": ""#/$defs/SceneEnd""
     },
     {
       ""$ref"": ""#/$defs/Cutoff""

@@ -6,19 +6,20 @@ extends Reference
 const SCHEMA_VERSION = "v1"
 
 # The message types a game client sends.
-const CLIENT_TYPES = ["Ack", "AudioChunk", "Cutoff", "Error", "IntentRequest", "PlayerUtterance", "SceneUpdate", "SessionEnd", "SessionStart"]
+const CLIENT_TYPES = ["Ack", "AudioChunk", "Cutoff", "Error", "IntentRequest", "PlayerUtterance", "SceneEnd", "SceneJoin", "SceneLeave", "SceneLine", "SceneStart", "SceneUpdate", "SessionEnd", "SessionStart"]
 
 # The message types the server sends.
-const SERVER_TYPES = ["ASRFinal", "ASRPartial", "Ack", "Cutoff", "Error", "IntentUpdate", "LLMStreamDelta", "NPCState", "SessionEnd", "TTSChunk", "ToolCall", "Welcome"]
+const SERVER_TYPES = ["ASRFinal", "ASRPartial", "Ack", "Cutoff", "Error", "IntentUpdate", "LLMStreamDelta", "NPCState", "SceneEnd", "SceneState", "SceneTurn", "SessionEnd", "TTSChunk", "ToolCall", "Welcome"]
 
 # The values of each enum field, by `Message.field`.
 const ENUMS = {
-	"Ack.ack_of": ["ASRFinal", "ASRPartial", "Ack", "AudioChunk", "Cutoff", "Error", "IntentRequest", "IntentUpdate", "LLMStreamDelta", "NPCState", "PlayerUtterance", "SceneUpdate", "SessionEnd", "SessionStart", "TTSChunk", "ToolCall", "Welcome"],
+	"Ack.ack_of": ["ASRFinal", "ASRPartial", "Ack", "AudioChunk", "Cutoff", "Error", "IntentRequest", "IntentUpdate", "LLMStreamDelta", "NPCState", "PlayerUtterance", "SceneEnd", "SceneJoin", "SceneLeave", "SceneLine", "SceneStart", "SceneState", "SceneTurn", "SceneUpdate", "SessionEnd", "SessionStart", "TTSChunk", "ToolCall", "Welcome"],
 	"Ack.status": ["ok", "error", "rejected", "duplicate"],
 	"Cutoff.reason": ["barge_in", "cancelled"],
 	"IntentUpdate.intent": ["chitchat", "trade", "quest", "hint", "combat", "navigation", "admin"],
 	"LLMStreamDelta.finish_reason": ["stop", "length", "tool_call", "cutoff", "error"],
 	"NPCState.state": ["idle", "listening", "thinking", "speaking", "barge_in"],
+	"SceneTurn.chosen_by": ["name", "to", "selector", "nobody"],
 	"VoiceFormat.input_rate": [16000, 32000, 48000],
 }
 
@@ -57,7 +58,7 @@ const DEFS = {
 		"fields": {
 			"schema_version": [{"type": "string", "const": "v1"}],
 			"type": [{"type": "string", "const": "Ack"}],
-			"ack_of": [{"type": "string", "enum": ["ASRFinal", "ASRPartial", "Ack", "AudioChunk", "Cutoff", "Error", "IntentRequest", "IntentUpdate", "LLMStreamDelta", "NPCState", "PlayerUtterance", "SceneUpdate", "SessionEnd", "SessionStart", "TTSChunk", "ToolCall", "Welcome"]}],
+			"ack_of": [{"type": "string", "enum": ["ASRFinal", "ASRPartial", "Ack", "AudioChunk", "Cutoff", "Error", "IntentRequest", "IntentUpdate", "LLMStreamDelta", "NPCState", "PlayerUtterance", "SceneEnd", "SceneJoin", "SceneLeave", "SceneLine", "SceneStart", "SceneState", "SceneTurn", "SceneUpdate", "SessionEnd", "SessionStart", "TTSChunk", "ToolCall", "Welcome"]}],
 			"status": [{"type": "string", "enum": ["ok", "error", "rejected", "duplicate"]}],
 			"turn_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}, {"type": "null"}],
 			"call_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}, {"type": "null"}],
@@ -164,11 +165,89 @@ const DEFS = {
 			"player_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}, {"type": "null"}],
 		},
 	},
+	"SceneEnd": {
+		"required": ["schema_version", "type", "scene_id", "session_id"],
+		"fields": {
+			"schema_version": [{"type": "string", "const": "v1"}],
+			"type": [{"type": "string", "const": "SceneEnd"}],
+			"scene_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"session_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"reason": [{"type": "string", "max_length": 1000}, {"type": "null"}],
+		},
+	},
+	"SceneJoin": {
+		"required": ["schema_version", "type", "scene_id", "session_id"],
+		"fields": {
+			"schema_version": [{"type": "string", "const": "v1"}],
+			"type": [{"type": "string", "const": "SceneJoin"}],
+			"scene_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"session_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"npc_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}, {"type": "null"}],
+		},
+	},
+	"SceneLeave": {
+		"required": ["schema_version", "type", "scene_id", "session_id"],
+		"fields": {
+			"schema_version": [{"type": "string", "const": "v1"}],
+			"type": [{"type": "string", "const": "SceneLeave"}],
+			"scene_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"session_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"npc_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}, {"type": "null"}],
+		},
+	},
+	"SceneLine": {
+		"required": ["schema_version", "type", "scene_id", "session_id", "turn_id", "text"],
+		"fields": {
+			"schema_version": [{"type": "string", "const": "v1"}],
+			"type": [{"type": "string", "const": "SceneLine"}],
+			"scene_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"session_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"turn_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"text": [{"type": "string", "max_length": 4000, "min_length": 1, "pattern": "\\S"}],
+			"to": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}, {"type": "null"}],
+			"player_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}, {"type": "null"}],
+		},
+	},
 	"SceneObject": {
 		"required": ["id", "dist"],
 		"fields": {
 			"id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
 			"dist": [{"type": "number", "minimum": 0}],
+		},
+	},
+	"SceneStart": {
+		"required": ["schema_version", "type", "scene_id", "session_id", "npcs"],
+		"fields": {
+			"schema_version": [{"type": "string", "const": "v1"}],
+			"type": [{"type": "string", "const": "SceneStart"}],
+			"scene_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"session_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"npcs": [{"type": "array", "items": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}], "max_items": 16, "min_items": 1, "unique_items": true}],
+			"max_exchanges": [{"type": "integer", "maximum": 8, "minimum": 0}, {"type": "null"}],
+		},
+	},
+	"SceneState": {
+		"required": ["schema_version", "type", "scene_id", "session_id", "npcs"],
+		"fields": {
+			"schema_version": [{"type": "string", "const": "v1"}],
+			"type": [{"type": "string", "const": "SceneState"}],
+			"scene_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"session_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"npcs": [{"type": "array", "items": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}], "max_items": 16}],
+			"players": [{"type": "array", "items": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}], "max_items": 16}],
+		},
+	},
+	"SceneTurn": {
+		"required": ["schema_version", "type", "scene_id", "session_id", "turn_id", "speakers", "turn_ids", "chosen_by"],
+		"fields": {
+			"schema_version": [{"type": "string", "const": "v1"}],
+			"type": [{"type": "string", "const": "SceneTurn"}],
+			"scene_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"session_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"turn_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"speakers": [{"type": "array", "items": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}], "max_items": 16}],
+			"turn_ids": [{"type": "array", "items": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}], "max_items": 16}],
+			"chosen_by": [{"type": "string", "enum": ["name", "to", "selector", "nobody"]}],
 		},
 	},
 	"SceneUpdate": {

@@ -1,0 +1,424 @@
+"""Scenes over the real server (uvicorn on loopback) and the real embedded models: who
+answers a line, who hears it, joining and leaving, barge-in, and what bad scene messages get."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from mythic.config import MythicSettings
+from mythic.contracts import (
+    Error,
+    LLMStreamDelta,
+    SceneEnd,
+    SceneState,
+    SceneTurn,
+    ServerMessage,
+    parse_server_message,
+)
+from mythic.dialogue._session import HEARD
+from mythic.engine import Engine
+from mythic.server import Gateway
+from tests.integration.test_server import _raw, _start, running
+
+pytestmark = pytest.mark.integration
+
+WAIT = 180  # seconds: a bound on every wait, far above what any of these takes
+TAVERN = ("marla", "captain_strand", "countess_isolde")
+
+
+@pytest.fixture
+async def server(
+    smollm: Engine, qwen: Engine, settings: MythicSettings
+) -> AsyncIterator[tuple[str, Gateway]]:
+    # SmolLM2 talks (fast); Qwen 0.5B decides (gold: the scene's speaker selector too).
+    async with running(
+        (smollm, qwen),
+        settings,
+        chat={"max_tokens": 24, "temperature": 0.0},
+        dialogue={"decide": False},
+        scenes={"max_members": 4},
+    ) as served:
+        yield served
+
+
+def frame(kind: str, **fields: Any) -> str:
+    return json.dumps({"schema_version": "v1", "type": kind, **fields})
+
+
+async def recv(ws: Any) -> ServerMessage:
+    async with asyncio.timeout(WAIT):
+        return parse_server_message(await ws.recv())
+
+
+async def until_type(ws: Any, kind: type[Any]) -> Any:
+    """Messages up to the first of `kind`."""
+    while True:
+        message = await recv(ws)
+        if isinstance(message, kind):
+            return message
+
+
+async def replies(ws: Any, turns: int) -> tuple[list[SceneTurn], list[LLMStreamDelta]]:
+    """Everything up to the final deltas of `turns` replies: the scene's turns and the
+    deltas, in the order they came."""
+    seen: list[SceneTurn] = []
+    deltas: list[LLMStreamDelta] = []
+    finals = 0
+    while finals < turns:
+        message = await recv(ws)
+        if isinstance(message, SceneTurn):
+            seen.append(message)
+        elif isinstance(message, LLMStreamDelta):
+            deltas.append(message)
+            finals += message.final
+        elif isinstance(message, Error):
+            raise AssertionError(f"unexpected error {message}")
+    return seen, deltas
+
+
+def heard(gateway: Gateway, npc_id: str, session_id: str) -> str:
+    """Everything in the NPC's history of the session."""
+    actor = gateway.cast.actors.get(npc_id)
+    if actor is None:
+        return ""
+    return "\n".join(m.content for m in actor.histories.get(session_id, []))
+
+
+async def open_scene(ws: Any, session: str, scene: str, npcs: tuple[str, ...], **more: Any) -> None:
+    await ws.send(frame("SceneStart", scene_id=scene, session_id=session, npcs=list(npcs), **more))
+    state = await until_type(ws, SceneState)
+    assert state.npcs == npcs and state.players == (session,)
+
+
+async def test_the_npc_a_line_names_answers_first_and_the_others_hear_it_in_turn(
+    server: tuple[str, Gateway],
+) -> None:
+    address, gateway = server
+    async with await _raw(address) as ws:
+        session = await _start(ws)
+        await open_scene(ws, session, "tavern", TAVERN, max_exchanges=0)
+        line = "Captain Strand, when does the curfew begin?"
+        await ws.send(
+            frame("SceneLine", scene_id="tavern", session_id=session, turn_id="t-1", text=line)
+        )
+        turns, deltas = await replies(ws, 1)
+        assert [(t.speakers, t.turn_ids, t.chosen_by) for t in turns] == [
+            (("captain_strand",), ("t-1",), "name")
+        ]
+        # One NPC answers, alone: every delta is the captain's, of the player's turn.
+        assert {(d.npc_id, d.turn_id) for d in deltas} == {("captain_strand", "t-1")}
+        reply = "".join(d.delta for d in deltas).strip()
+        assert reply and deltas[-1].finish_reason in ("stop", "length")
+        # The others heard the line and the reply; the captain has them as its own exchange.
+        for npc_id in ("marla", "countess_isolde"):
+            history = heard(gateway, npc_id, session)
+            assert HEARD in history and f"The player: {line}" in history
+            assert f"Edda Strand: {' '.join(reply.split())}" in history
+        captain = gateway.cast.actors["captain_strand"].histories[session]
+        assert [m.content for m in captain if m.role == "user"] == [line]
+        # An NPC of the world outside the scene heard nothing.
+        assert heard(gateway, "grisk", session) == ""
+
+        # The player faces the countess and names nobody: `to` picks her.
+        await ws.send(
+            frame(
+                "SceneLine",
+                scene_id="tavern",
+                session_id=session,
+                turn_id="t-2",
+                text="And what brings you here tonight?",
+                to="countess_isolde",
+            )
+        )
+        turns, deltas = await replies(ws, 1)
+        assert turns[0].speakers == ("countess_isolde",) and turns[0].chosen_by == "to"
+        assert {d.npc_id for d in deltas} == {"countess_isolde"}
+
+
+async def test_a_line_that_names_nobody_goes_to_the_selectors_pick(
+    server: tuple[str, Gateway],
+) -> None:
+    address, gateway = server
+    async with await _raw(address) as ws:
+        session = await _start(ws)
+        await open_scene(ws, session, "gate", TAVERN, max_exchanges=0)
+        await ws.send(
+            frame(
+                "SceneLine",
+                scene_id="gate",
+                session_id=session,
+                turn_id="g-1",
+                text="Who keeps order in this city at night?",
+            )
+        )
+        turns, deltas = await replies(ws, 1)
+        # The gold selector (Qwen 0.5B, constrained to the scene's NPCs or nobody) decided,
+        # and a question is answered by one of them.
+        assert turns[0].chosen_by == "selector" and gateway.scenes.selector_failures == 0
+        assert len(turns[0].speakers) == 1 and turns[0].speakers[0] in TAVERN
+        assert {d.npc_id for d in deltas} == set(turns[0].speakers)
+
+
+async def test_an_npc_outside_the_scene_knows_nothing_of_it(
+    server: tuple[str, Gateway],
+) -> None:
+    address, gateway = server
+    async with await _raw(address) as ws:
+        session = await _start(ws)
+        await open_scene(ws, session, "booth", ("marla", "captain_strand"), max_exchanges=0)
+        secret = "Marla, the password for the cellar is bluefin."
+        await ws.send(
+            frame("SceneLine", scene_id="booth", session_id=session, turn_id="b-1", text=secret)
+        )
+        _, deltas = await replies(ws, 1)
+        said = "".join(d.delta for d in deltas).strip()
+        assert "bluefin" in heard(gateway, "captain_strand", session)
+        # Grisk was never in the scene: asked about it, his prompt has none of it.
+        await ws.send(
+            frame(
+                "PlayerUtterance",
+                npc_id="grisk",
+                session_id=session,
+                turn_id="b-2",
+                text="What is the password for the cellar Marla keeps?",
+            )
+        )
+        while not (await until_type(ws, LLMStreamDelta)).final:
+            pass
+        turn = gateway.cast.actors["grisk"].last_turn
+        assert turn is not None and turn.turn_id == "b-2"
+        grisk = heard(gateway, "grisk", session)
+        assert "bluefin" not in grisk and HEARD not in grisk
+        assert said[:40] not in grisk
+
+
+async def test_an_npc_named_in_a_reply_answers_it_and_the_exchanges_are_bounded(
+    server: tuple[str, Gateway],
+) -> None:
+    address, gateway = server
+    async with await _raw(address) as ws:
+        session = await _start(ws)
+        await open_scene(ws, session, "square", ("marla", "captain_strand"), max_exchanges=1)
+        # Whatever Marla says, the selector is not needed: she is named. When her reply names
+        # the captain, the captain answers her (one exchange at most), and then the scene waits.
+        line = "Marla, tell me what you think of Captain Strand and the Watch."
+        await ws.send(
+            frame("SceneLine", scene_id="square", session_id=session, turn_id="q-1", text=line)
+        )
+        scene = gateway.scenes.scenes["square"]
+        await until_type(ws, SceneTurn)
+        assert scene.chain is not None
+        async with asyncio.timeout(WAIT):
+            await scene.chain  # every reply to the line has been played
+        said = [r for r in scene.log if r.speaker != "player"]
+        assert 1 <= len(said) <= 2  # Marla, and the captain at most once (max_exchanges 1)
+        more, deltas = await replies(ws, len(said))
+        assert said[0].speaker == "marla" and said[0].turn_id == "q-1"
+        if len(said) == 2:  # her reply named the captain: he answered her
+            assert [(t.turn_id, t.speakers, t.turn_ids, t.chosen_by) for t in more] == [
+                ("q-1", ("captain_strand",), ("q-1.1",), "name")
+            ]
+            assert {d.turn_id for d in deltas if d.npc_id == "captain_strand"} == {"q-1.1"}
+            users = [
+                m.content
+                for m in gateway.cast.actors["captain_strand"].histories[session]
+                if m.role == "user"
+            ]
+            assert users == [f"Marla: {said[0].text}"]
+        else:
+            assert more == [] and {d.npc_id for d in deltas} == {"marla"}
+        # Nothing more comes: the bound holds (no third turn within a generous wait).
+        await ws.send(frame("SceneLeave", scene_id="square", session_id=session, npc_id="marla"))
+        state = await until_type(ws, SceneState)
+        assert state.npcs == ("captain_strand",)
+
+
+async def test_an_npc_joining_mid_scene_hears_only_what_comes_after(
+    server: tuple[str, Gateway],
+) -> None:
+    address, gateway = server
+    async with await _raw(address) as ws:
+        session = await _start(ws)
+        await open_scene(ws, session, "cellar", ("marla", "captain_strand"), max_exchanges=0)
+        before = "Marla, the heron sings at midnight."
+        await ws.send(
+            frame("SceneLine", scene_id="cellar", session_id=session, turn_id="c-1", text=before)
+        )
+        await replies(ws, 1)
+        await ws.send(frame("SceneJoin", scene_id="cellar", session_id=session, npc_id="bran"))
+        state = await until_type(ws, SceneState)
+        assert state.npcs == ("marla", "captain_strand", "bran")
+        after = "Captain, the boats are at Heron's Landing."
+        await ws.send(
+            frame("SceneLine", scene_id="cellar", session_id=session, turn_id="c-2", text=after)
+        )
+        await replies(ws, 1)
+        bran = heard(gateway, "bran", session)
+        assert after in bran and "heron sings" not in bran
+        assert before in heard(gateway, "captain_strand", session)
+        # Bran leaves; what is said next he does not hear, what he heard stays his.
+        await ws.send(frame("SceneLeave", scene_id="cellar", session_id=session, npc_id="bran"))
+        await until_type(ws, SceneState)
+        last = "Marla, one more ale."
+        await ws.send(
+            frame("SceneLine", scene_id="cellar", session_id=session, turn_id="c-3", text=last)
+        )
+        await replies(ws, 1)
+        bran = heard(gateway, "bran", session)
+        assert after in bran and last not in bran
+        assert last in heard(gateway, "captain_strand", session)
+
+
+async def test_a_new_line_stops_the_npc_speaking_not_the_scene(
+    server: tuple[str, Gateway],
+) -> None:
+    address, _ = server
+    async with await _raw(address) as ws:
+        session = await _start(ws)
+        await open_scene(ws, session, "hall", ("marla", "captain_strand"), max_exchanges=0)
+        await ws.send(
+            frame(
+                "SceneLine",
+                scene_id="hall",
+                session_id=session,
+                turn_id="h-1",
+                text="Marla, tell me everything about this town, slowly.",
+            )
+        )
+        first = await until_type(ws, LLMStreamDelta)  # Marla has begun
+        assert first.npc_id == "marla"
+        await ws.send(
+            frame(
+                "SceneLine",
+                scene_id="hall",
+                session_id=session,
+                turn_id="h-2",
+                text="Captain, a word?",
+            )
+        )
+        finals: dict[str, LLMStreamDelta] = {}
+        async with asyncio.timeout(WAIT):
+            while "h-2" not in finals:
+                message = await recv(ws)
+                if isinstance(message, LLMStreamDelta) and message.final:
+                    finals[message.turn_id] = message
+        # Marla's reply ended (cut off, unless it had just finished); the captain answered.
+        assert finals["h-1"].finish_reason in ("cutoff", "stop", "length")
+        assert finals["h-2"].npc_id == "captain_strand"
+        assert finals["h-2"].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    ("message", "code", "ref"),
+    [
+        (
+            {"type": "SceneStart", "scene_id": "b", "npcs": ["marla", "nobody_here"]},
+            "unknown_npc",
+            "SceneStart.npcs",
+        ),
+        (
+            {"type": "SceneStart", "scene_id": "b", "npcs": ["marla", "marla"]},
+            "invalid_message",
+            None,
+        ),
+        (
+            {
+                "type": "SceneStart",
+                "scene_id": "b",
+                "npcs": ["marla", "bran", "grisk", "old_tobin", "father_anselm"],
+            },
+            "scene_full",
+            "SceneStart.npcs",
+        ),
+        (
+            {"type": "SceneStart", "scene_id": "ok", "npcs": ["bran"]},
+            "scene_exists",
+            "SceneStart.scene_id",
+        ),
+        (
+            {"type": "SceneJoin", "scene_id": "ok", "npc_id": "marla"},
+            "already_in_scene",
+            "SceneJoin.npc_id",
+        ),
+        (
+            {"type": "SceneJoin", "scene_id": "ok", "npc_id": "grisk"},
+            "scene_full",
+            "SceneJoin.npc_id",
+        ),
+        (
+            {"type": "SceneJoin", "scene_id": "gone", "npc_id": "bran"},
+            "scene_ended",
+            "SceneJoin.scene_id",
+        ),
+        ({"type": "SceneJoin", "scene_id": "never"}, "unknown_scene", "SceneJoin.scene_id"),
+        (
+            {"type": "SceneLeave", "scene_id": "ok", "npc_id": "grisk"},
+            "not_in_scene",
+            "SceneLeave.npc_id",
+        ),
+        (
+            {"type": "SceneLine", "scene_id": "ok", "turn_id": "x-1", "text": "Hi", "to": "grisk"},
+            "not_in_scene",
+            "SceneLine.to",
+        ),
+        (
+            {"type": "SceneLine", "scene_id": "gone", "turn_id": "x-2", "text": "Hi"},
+            "scene_ended",
+            "SceneLine.scene_id",
+        ),
+    ],
+)
+async def test_bad_scene_messages_get_typed_errors_and_the_scene_goes_on(
+    server: tuple[str, Gateway], message: dict[str, Any], code: str, ref: str | None
+) -> None:
+    address, gateway = server
+    async with await _raw(address) as ws:
+        session = await _start(ws)
+        await open_scene(ws, session, "gone", ("bran",))
+        await ws.send(frame("SceneEnd", scene_id="gone", session_id=session))
+        assert isinstance(await until_type(ws, SceneEnd), SceneEnd)
+        await open_scene(ws, session, "ok", ("marla", "bran", "captain_strand", "old_tobin"))
+        kind = message.pop("type")
+        await ws.send(frame(kind, session_id=session, **message))
+        error = await until_type(ws, Error)
+        assert (error.code, error.ref if ref else None) == (code, ref), error
+        # The scene and its members are unharmed, and the connection goes on.
+        assert gateway.scenes.scenes["ok"].npcs == ["marla", "bran", "captain_strand", "old_tobin"]
+        await ws.send(
+            frame("SceneLine", scene_id="ok", session_id=session, turn_id="ok-1", text="Bran?")
+        )
+        turns, deltas = await replies(ws, 1)
+        assert turns[0].speakers == ("bran",) and deltas[-1].final
+
+
+async def test_a_session_outside_the_scene_cannot_speak_in_it(
+    server: tuple[str, Gateway],
+) -> None:
+    address, gateway = server
+    async with await _raw(address) as owner, await _raw(address) as other:
+        mine, theirs = await _start(owner), await _start(other)
+        await open_scene(owner, mine, "private", ("marla", "bran"))
+        await other.send(
+            frame("SceneLine", scene_id="private", session_id=theirs, turn_id="o-1", text="Hi?")
+        )
+        error = await until_type(other, Error)
+        assert (error.code, error.ref, error.turn_id) == (
+            "not_in_scene",
+            "SceneLine.session_id",
+            "o-1",
+        )
+        assert heard(gateway, "marla", mine) == "" and heard(gateway, "marla", theirs) == ""
+        # Joined, the other player is in it: both sessions are told who is there.
+        await other.send(frame("SceneJoin", scene_id="private", session_id=theirs))
+        for ws in (owner, other):
+            state = await until_type(ws, SceneState)
+            assert state.players == (mine, theirs)
+        # The owner's session ends: it leaves; the scene stays for the other.
+        await owner.send(frame("SessionEnd", session_id=mine))
+        state = await until_type(other, SceneState)
+        assert state.players == (theirs,)
