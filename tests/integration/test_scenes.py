@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from mythic.contracts import (
 from mythic.dialogue._session import HEARD
 from mythic.engine import Engine
 from mythic.server import Gateway
+from tests.conftest import EXAMPLE_WORLD
 from tests.integration.test_server import _raw, _start, running
 
 pytestmark = pytest.mark.integration
@@ -422,3 +425,61 @@ async def test_a_session_outside_the_scene_cannot_speak_in_it(
         await owner.send(frame("SessionEnd", session_id=mine))
         state = await until_type(other, SceneState)
         assert state.players == (theirs,)
+
+
+FACTIONS = """
+factions:
+  night_watch:
+    name: "the Night Watch"
+    description: "The city's guard, who keep the curfew from the tenth bell of evening."
+"""
+WATCHWORD = (
+    "# The watchword\n\nThe Night Watch's watchword this month is bluefin: a watchman who "
+    "hears it opens the postern gate after curfew.\n"
+)
+
+
+async def test_a_faction_fact_is_known_to_its_members_and_to_nobody_else(
+    smollm: Engine, qwen: Engine, settings: MythicSettings, tmp_path: Path
+) -> None:
+    world = tmp_path / "ravenmoor"
+    shutil.copytree(EXAMPLE_WORLD, world, ignore=shutil.ignore_patterns("probes"))
+    (world / "world.yaml").write_text((world / "world.yaml").read_text() + FACTIONS)
+    for member in ("captain_strand", "bran"):
+        card = world / "npcs" / f"{member}.yaml"
+        card.write_text(card.read_text() + "\nfaction: night_watch\n")
+    (world / "factions" / "night_watch").mkdir(parents=True)
+    (world / "factions" / "night_watch" / "watchword.md").write_text(WATCHWORD)
+    async with (
+        running(
+            (smollm, qwen),
+            settings,
+            world=world,
+            chat={"max_tokens": 16, "temperature": 0.0},
+            dialogue={"decide": False},
+        ) as (address, gateway),
+        await _raw(address) as ws,
+    ):
+        session = await _start(ws)
+        await open_scene(ws, session, "gate", ("captain_strand", "bran", "marla"))
+        question = "What is the watchword that opens the postern gate after curfew?"
+        for n, npc_id in enumerate(("captain_strand", "bran", "marla")):
+            await ws.send(
+                frame(
+                    "SceneLine",
+                    scene_id="gate",
+                    session_id=session,
+                    turn_id=f"w-{n}",
+                    text=question,
+                    to=npc_id,
+                )
+            )
+            turns, _ = await replies(ws, 1)
+            assert turns[0].speakers == (npc_id,)
+            context = gateway.cast.actors[npc_id].last_context
+            told = context.content if context is not None else ""
+            # Its members are told the faction's lore; Marla, in the same scene, is not.
+            assert ("bluefin" in told) == (npc_id != "marla"), (npc_id, told)
+        persona = gateway.cast.actors["bran"].system.content
+        assert "You belong to the Night Watch" in persona
+        assert "Night Watch" not in gateway.cast.actors["marla"].system.content

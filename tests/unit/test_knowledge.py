@@ -520,3 +520,47 @@ def test_lore_told_in_parts_gives_every_line_once_in_order() -> None:
         "It burned.",
         "The miller fled.",
     ]
+
+
+FACTION_WORLD = """\
+name: Testholm
+description: A small test town.
+zones:
+  square:
+    name: The Square
+    description: Cobbles and a well.
+factions:
+  night_watch:
+    name: the Night Watch
+    description: The town's guards, who walk the walls from dusk to dawn.
+"""
+
+
+def test_a_factions_lore_is_known_to_its_members_alone(tmp_path: Path) -> None:
+    root = make_world(
+        tmp_path / "w",
+        {
+            "marla.yaml": GOOD_CARD,
+            "edda.yaml": GOOD_CARD.replace("Marla, the Barkeep", "Edda") + "faction: night_watch\n",
+            "rolf.yaml": GOOD_CARD.replace("Marla, the Barkeep", "Rolf") + "faction: night_watch\n",
+        },
+        LORE,
+    )
+    (root / "world.yaml").write_text(FACTION_WORLD)
+    (root / "factions" / "night_watch").mkdir(parents=True)
+    (root / "factions" / "night_watch" / "orders.md").write_text(
+        "# Standing orders\n\nThe watchword this month is bluefin, and the postern gate opens "
+        "to it after curfew.\n"
+    )
+    world = load_world(root)
+    assert [d.faction for d in world.lore if d.faction] == ["night_watch"]
+    assert all(d.faction is None for z in (None, "square") for d in world.lore_for(z))
+    knowledge = Knowledge(world, bm25(tmp_path))
+    question = Query("What is the watchword for the postern gate?")
+    for member in ("edda", "rolf"):
+        packed = knowledge.context(member, question)
+        assert packed.lore is not None and "bluefin" in packed.lore, member
+        assert packed.persona is not None and "You belong to the Night Watch" in packed.persona
+    outsider = knowledge.context("marla", question)
+    assert "bluefin" not in (outsider.lore or "") and "Night Watch" not in (outsider.lore or "")
+    assert all("bluefin" not in h.chunk.text for h in knowledge.retrieve("marla", question))

@@ -179,3 +179,12 @@ def test_front_matter_errors(tmp_path: Path) -> None:
     problems = [str(p) for p in load_world(root).skipped]
     assert any("a.md:1: front matter opened with --- never closed" in p for p in problems)
     assert any("b.md:1: front matter" in p for p in problems)
+
+
+def test_a_faction_must_be_declared_by_its_cards_and_its_lore(tmp_path: Path) -> None:
+    root = make_world(tmp_path / "w", {"edda.yaml": GOOD_CARD + "faction: night_watch\n"})
+    (root / "factions" / "thieves").mkdir(parents=True)
+    (root / "factions" / "thieves" / "den.md").write_text("The den is under the mill.\n")
+    problems = problems_of(root)
+    assert any("edda.yaml" in p and "unknown faction 'night_watch'" in p for p in problems)
+    assert any("thieves" in p and "world.yaml does not declare" in p for p in problems)

@@ -146,7 +146,9 @@ class Decider:
             case "way":
                 world = self.stage.world
                 zones = {z: zone.name for z, zone in world.card.zones.items()}
-                titles = [(d.zone, d.title) for d in world.lore if d.zone in zones]
+                titles = [
+                    (d.zone, d.title) for d in world.lore if d.zone in zones and d.faction is None
+                ]
                 place = await asyncio.to_thread(zone_named, line.text, zones, titles)
                 if place is not None and has("set_waypoint"):
                     call = ("set_waypoint", {"target": place})

@@ -75,11 +75,29 @@ def world_chunks(
         overlap=overlap,
         count=count,
     )
+    for faction_id, faction in card.factions.items():
+        # What a faction is and what its members alone know: a shard of its own, in the
+        # indexes of its members only.
+        groups[faction_shard(faction_id)] = chunk_text(
+            f"{faction.name}: {faction.description}",
+            id_prefix=f"world.yaml:factions.{faction_id}",
+            title=faction.name,
+            source="world",
+            zone=None,
+            size=size,
+            overlap=overlap,
+            count=count,
+        )
     seen: dict[str, int] = {}
     for doc in (*world.lore, *extra):
         rel = _rel(world, doc.path)
         n = seen[rel] = seen.get(rel, -1) + 1  # a YAML file may hold several documents
-        shard = doc.zone if doc.zone in groups else WORLD_SHARD
+        if doc.faction is not None:
+            shard = faction_shard(doc.faction)
+            if shard not in groups:
+                continue  # a faction a reload removed: nobody knows its lore any more
+        else:
+            shard = doc.zone if doc.zone in groups else WORLD_SHARD
         groups[shard] += chunk_text(
             doc.text,
             id_prefix=f"{rel}:{n}" if n else rel,
@@ -92,6 +110,11 @@ def world_chunks(
             count=count,
         )
     return groups
+
+
+def faction_shard(faction: str) -> str:
+    """The shard of a faction's knowledge: only its members' indexes hold it."""
+    return f"faction.{faction}"
 
 
 @dataclass(slots=True)
@@ -249,7 +272,8 @@ class Knowledge:
         by_keys: dict[tuple[str, ...], Index] = {}
         for npc_id, persona in world.npcs.items():
             zones = persona.zones_known() if persona.zone else tuple(world.card.zones)
-            keys = tuple(k for k in (WORLD_SHARD, *zones, f"npc.{npc_id}") if k in shards)
+            faction = (faction_shard(persona.faction),) if persona.faction else ()
+            keys = tuple(k for k in (WORLD_SHARD, *zones, *faction, f"npc.{npc_id}") if k in shards)
             index = by_keys.get(keys)
             if index is None:
                 previous_index = (

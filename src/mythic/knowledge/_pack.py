@@ -186,6 +186,9 @@ def persona_lines(world: World, persona: Persona) -> list[str]:
     lines = []
     if persona.zone is not None:
         lines.append(f"You are in {world.card.zones[persona.zone].name}.")
+    faction = world.card.factions.get(persona.faction) if persona.faction else None
+    if faction is not None:
+        lines.append(f"You belong to {faction.name}; what it knows, you know.")
     if persona.catchphrases:
         words = " or ".join(f'"{c}"' for c in persona.catchphrases)
         lines.append(f"Your words: you often say {words}, above all when you greet someone.")

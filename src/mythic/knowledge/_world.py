@@ -1,7 +1,9 @@
-"""Worlds on disk: `world.yaml`, persona cards in `npcs/`, lore per zone in `lore/<zone>/`."""
+"""Worlds on disk: `world.yaml`, persona cards in `npcs/`, lore per zone in `lore/<zone>/`, and
+what each faction's members alone know in `factions/<faction>/`."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from dataclasses import dataclass, field
@@ -94,9 +96,21 @@ class Persona(_Card):
     tools: list[Slug] | None = Field(default=None, max_length=64)
     """The game tools this NPC may call (give_item, set_waypoint, open_dialog, play_emote,
     set_focus, set_marker); left out: all of them; `[]`: none."""
+    faction: Slug | None = None
+    """The faction the NPC belongs to (a key of `factions` in world.yaml): it knows the
+    faction's lore (`factions/<faction>/`), which no one outside it does."""
     knows: list[Slug] = Field(default_factory=list, max_length=64)
     """Zones whose lore the NPC knows besides its own zone's (world-wide lore, in `lore/`
     itself, everyone knows)."""
+
+    @field_validator("faction")
+    @classmethod
+    def _faction_declared(cls, faction: str | None, info: ValidationInfo) -> str | None:
+        factions = info.context.get("factions") if isinstance(info.context, dict) else None
+        if faction is not None and factions is not None and faction not in factions:
+            declared = ", ".join(sorted(factions)) or "none"
+            raise ValueError(f"unknown faction {faction!r} (world.yaml factions: {declared})")
+        return faction
 
     @field_validator("zone")
     @classmethod
@@ -133,6 +147,16 @@ class Zone(_Card):
     """What the place is like; NPCs in the zone are told it as their scene."""
 
 
+class Faction(_Card):
+    """A group of NPCs who share what they know (the Night Watch, a vampire court); its lore
+    lives in `factions/<faction id>/`."""
+
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+    """The faction's name as its members say it (1-100 characters)."""
+    description: Text
+    """What the faction is, as its members know it (told to them alone)."""
+
+
 class WorldCard(_Card):
     """`world.yaml`: the world's name, premise and zones."""
 
@@ -144,6 +168,8 @@ class WorldCard(_Card):
     """The world's premise in a few sentences (at most 2,000 characters)."""
     zones: dict[Slug, Zone] = Field(default_factory=dict)
     """The places of the world by id (a slug); a persona's `zone` names one of them."""
+    factions: dict[Slug, Faction] = Field(default_factory=dict)
+    """The world's factions by id (a slug); a persona's `faction` names one of them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +181,8 @@ class LoreDoc:
     text: str
     path: Path
     tags: tuple[str, ...] = ()
+    faction: str | None = None
+    """The faction whose members alone know it (`factions/<faction>/`), or None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,13 +214,19 @@ class World:
             raise KeyError(f"no NPC {npc_id!r} in world {self.name!r} (NPCs: {known})") from None
 
     def lore_for(self, zone: str | None) -> list[LoreDoc]:
-        """The lore documents of `zone` (None: the world-wide ones)."""
-        return [doc for doc in self.lore if doc.zone == zone]
+        """The lore documents of `zone` (None: the world-wide ones); no faction's."""
+        return [doc for doc in self.lore if doc.zone == zone and doc.faction is None]
+
+    def faction_lore(self, faction: str | None) -> list[LoreDoc]:
+        """The lore documents only `faction`'s members know (none for None)."""
+        return [doc for doc in self.lore if faction is not None and doc.faction == faction]
 
     def texts(self) -> list[str]:
         """Everything the world's cards and lore say: its and its zones' descriptions, every
         card's name, style, rules, taboos, catchphrases and backstory, every lore text."""
-        texts = [self.card.description, *(z.description for z in self.card.zones.values())]
+        card = self.card
+        texts = [card.description, *(z.description for z in card.zones.values())]
+        texts += [t for f in card.factions.values() for t in (f.name, f.description)]
         for p in self.npcs.values():
             texts += [p.name, p.style, *p.rules, *p.taboos, *p.catchphrases, p.backstory or ""]
         return texts + [doc.text for doc in self.lore]
@@ -287,6 +321,7 @@ def load_world(path: str | Path, *, max_lore_bytes: int = MAX_CARD_BYTES) -> Wor
         found = [WorldProblem(root / "world.yaml", None, None, "missing: every world needs one")]
     problems += found
     zones = set(card.zones) if card else set()
+    factions = set(card.factions) if card else set()
 
     npcs: dict[str, Persona] = {}
     npc_dir = root / "npcs"
@@ -302,7 +337,8 @@ def load_world(path: str | Path, *, max_lore_bytes: int = MAX_CARD_BYTES) -> Wor
         if npc_id in npcs:
             problems.append(WorldProblem(file, None, None, f"duplicate NPC id {npc_id!r}"))
             continue
-        persona, found = load_card(file, Persona, context={"zones": zones} if card else None)
+        context: dict[str, object] | None = {"zones": zones, "factions": factions} if card else None
+        persona, found = load_card(file, Persona, context=context)
         problems += found
         if persona is None:
             continue
@@ -324,6 +360,18 @@ def load_world(path: str | Path, *, max_lore_bytes: int = MAX_CARD_BYTES) -> Wor
                 docs, found = _load_lore(file, zone, max_lore_bytes)
                 skipped += found
                 lore += docs
+
+    faction_dir = root / "factions"
+    if faction_dir.is_dir():
+        for folder in sorted(p for p in faction_dir.iterdir() if p.is_dir()):
+            if card is not None and folder.name not in factions:
+                msg = f"lore for faction {folder.name!r}, which world.yaml does not declare"
+                problems.append(WorldProblem(folder, None, None, msg))
+                continue
+            for file in _lore_files(folder):
+                docs, found = _load_lore(file, None, max_lore_bytes)
+                skipped += found
+                lore += [dataclasses.replace(doc, faction=folder.name) for doc in docs]
 
     if problems or card is None:
         raise WorldLoadError(problems)

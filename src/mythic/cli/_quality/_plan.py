@@ -128,6 +128,7 @@ def build_plan(
     for npc_id in chosen:
         persona = world.npcs[npc_id]
         docs = [d for z in (*persona.zones_known(), None) for d in world.lore_for(z)]
+        docs += world.faction_lore(persona.faction)
         npc_tables = [t for d in docs for t in tables[id(d)]]
         style = [p for p in style_file if p.npc == npc_id]
         npc = _npc_plan(world, npc_id, persona, style, plan.not_checked)
