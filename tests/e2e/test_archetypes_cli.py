@@ -13,7 +13,12 @@ import yaml
 from tests.conftest import EXAMPLE_WORLD, unavailable
 from tests.e2e.test_cli import mythic
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    # Training, evaluating and registering an adapter (twice): within the default 300 s on an
+    # AVX-512 machine, over it on a 2-core AVX2-only one, where the default cut it off.
+    pytest.mark.timeout(1500),
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
