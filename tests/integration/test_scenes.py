@@ -1,12 +1,14 @@
 """Scenes over the real server (uvicorn on loopback) and the real embedded models: who
-answers a line, who hears it, joining and leaving, barge-in, and what bad scene messages get."""
+answers a line, who hears it, joining and leaving, barge-in, NPCs talking among themselves
+(ambient lines, which never hold a player's line back), and what bad scene messages get."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,10 @@ from mythic.contracts import (
     parse_server_message,
 )
 from mythic.dialogue._session import HEARD
-from mythic.engine import Engine
+from mythic.engine import Engine, Priority
 from mythic.server import Gateway
 from tests.conftest import EXAMPLE_WORLD
+from tests.integration.conftest import load_engine
 from tests.integration.test_server import _raw, _start, running
 
 pytestmark = pytest.mark.integration
@@ -374,6 +377,21 @@ async def test_a_new_line_stops_the_npc_speaking_not_the_scene(
             "scene_ended",
             "SceneLine.scene_id",
         ),
+        (
+            {"type": "SceneAmbient", "scene_id": "ok", "turn_id": "a-1", "opener": "grisk"},
+            "not_in_scene",
+            "SceneAmbient.opener",
+        ),
+        (
+            {"type": "SceneAmbient", "scene_id": "gone", "turn_id": "a-2"},
+            "scene_ended",
+            "SceneAmbient.scene_id",
+        ),
+        (
+            {"type": "SceneAmbient", "scene_id": "ok", "turn_id": "a-3", "lines": 0},
+            "invalid_message",
+            None,
+        ),
     ],
 )
 async def test_bad_scene_messages_get_typed_errors_and_the_scene_goes_on(
@@ -483,3 +501,164 @@ async def test_a_faction_fact_is_known_to_its_members_and_to_nobody_else(
         persona = gateway.cast.actors["bran"].system.content
         assert "You belong to the Night Watch" in persona
         assert "Night Watch" not in gateway.cast.actors["marla"].system.content
+
+
+async def ambient_lines(ws: Any, base: str, count: int) -> list[tuple[SceneTurn, str, str]]:
+    """The ambient lines of `base` as they come, up to `count` or the scene's stopping: per
+    line, its SceneTurn, what was said and the finish reason."""
+    out: list[tuple[SceneTurn, str, str]] = []
+    turn: SceneTurn | None = None
+    words: list[str] = []
+    async with asyncio.timeout(WAIT):
+        while len(out) < count:
+            message = await recv(ws)
+            if isinstance(message, SceneTurn) and message.chosen_by == "ambient":
+                turn, words = message, []
+            elif isinstance(message, LLMStreamDelta) and message.turn_id.startswith(base):
+                words.append(message.delta)
+                if message.final:
+                    assert turn is not None and message.turn_id == turn.turn_ids[0]
+                    out.append((turn, "".join(words).strip(), message.finish_reason or ""))
+                    if message.finish_reason not in ("stop", "length"):
+                        break
+    return out
+
+
+async def test_npcs_talk_among_themselves_each_line_answered_and_heard_by_the_others(
+    server: tuple[str, Gateway],
+) -> None:
+    address, gateway = server
+    async with await _raw(address) as ws:
+        session = await _start(ws)
+        await open_scene(ws, session, "bar", TAVERN)
+        await ws.send(
+            frame(
+                "SceneAmbient",
+                scene_id="bar",
+                session_id=session,
+                turn_id="amb",
+                lines=4,
+                opener="captain_strand",
+                topic="the curfew",
+            )
+        )
+        lines = await ambient_lines(ws, "amb", 4)
+        assert len(lines) == 4
+        speakers = [turn.speakers[0] for turn, _, _ in lines]
+        # The opener starts; nobody answers themself; each line answers the one before.
+        assert speakers[0] == "captain_strand"
+        assert all(a != b for a, b in itertools.pairwise(speakers))
+        assert [t.turn_ids[0] for t, _, _ in lines] == ["amb.1", "amb.2", "amb.3", "amb.4"]
+        assert [t.turn_id for t, _, _ in lines] == ["amb", "amb.1", "amb.2", "amb.3"]
+        assert all(said and reason in ("stop", "length") for _, said, reason in lines)
+        # Each line is heard by the others of the scene, the game's cue by nobody.
+        for turn, said, _ in lines:
+            for npc_id in TAVERN:
+                if npc_id != turn.speakers[0]:
+                    assert " ".join(said.split()) in " ".join(
+                        heard(gateway, npc_id, session).split()
+                    ), (npc_id, said)
+        assert "Stage direction" not in heard(gateway, "marla", session)
+        assert heard(gateway, "grisk", session) == ""
+        # A player's line to the scene ends the chatter and is answered.
+        await ws.send(
+            frame("SceneLine", scene_id="bar", session_id=session, turn_id="p-1", text="Marla?")
+        )
+        turns, deltas = await replies(ws, 1)
+        assert turns[-1].speakers == ("marla",) and deltas[-1].turn_id == "p-1"
+
+
+@pytest.fixture
+def traced(settings: MythicSettings) -> Iterator[Engine]:
+    # SmolLM2 as the server would load it (not batch-invariant: a prompt's step is 512
+    # tokens, beside other streams 64), tracing its steps.
+    engine = load_engine("smollm2-135m-instruct", settings, trace_steps=200_000)
+    yield engine
+    engine.close()
+
+
+TOBIN = (
+    # Longer than a chunk: beside streams of its own class this prompt would be evaluated 64
+    # tokens a step; beside the chatter, in as few steps as alone.
+    "Tobin, I rode in from the marsh road tonight, past the drowned chapel and the old toll "
+    "bridge, and I saw lanterns moving between the reeds where nobody should be walking at "
+    "this hour, three of them, slow, as if they were looking for something they had lost in "
+    "the water long ago. The ferryman would not speak of it and the dogs at the inn would "
+    "not stop howling. What did you see out there, and what should a stranger make of it?"
+)
+
+
+async def test_ambient_chatter_never_delays_a_players_line_in_the_engines_trace(
+    traced: Engine, qwen: Engine, settings: MythicSettings
+) -> None:
+    # One engine serves both: a scene's NPCs talking among themselves at bronze, and another
+    # player's lines to NPCs outside the scene, then to one talking in it. In the engine's
+    # trace (steps, not seconds), each of the player's requests has its first token in the
+    # fewest steps its prompt allows from its arrival: the chatter never took a step from it.
+    trace = traced.trace
+    assert trace is not None
+    async with (
+        running(
+            (traced, qwen),
+            settings,
+            chat={"max_tokens": 24, "temperature": 0.0},
+            dialogue={"decide": False},
+            server={"warm_npcs": 0},
+        ) as (address, _),
+        await _raw(address) as chatter,
+        await _raw(address) as player,
+    ):
+        scene_session, mine = await _start(chatter), await _start(player)
+        await open_scene(chatter, scene_session, "square", ("marla", "bran", "grisk"))
+        await chatter.send(
+            frame(
+                "SceneAmbient",
+                scene_id="square",
+                session_id=scene_session,
+                turn_id="amb",
+                lines=30,
+                priority="bronze",
+            )
+        )
+        first = await until_type(chatter, LLMStreamDelta)  # they are talking
+        assert first.turn_id == "amb.1"
+        asks = [
+            ("captain_strand", "Captain, when does the curfew begin?"),
+            ("old_tobin", TOBIN),
+            ("grisk", "Grisk, what are you selling today?"),  # stops Grisk's chatter
+        ]
+        for k, (npc_id, text) in enumerate(asks):
+            turn = f"p-{k}"
+            await player.send(
+                frame(
+                    "PlayerUtterance",
+                    npc_id=npc_id,
+                    session_id=mine,
+                    turn_id=turn,
+                    text=text,
+                )
+            )
+            final = None
+            while final is None:
+                message = await recv(player)
+                if isinstance(message, LLMStreamDelta) and message.final:
+                    final = message
+            assert final.finish_reason in ("stop", "length"), final
+    theirs = [r for r in trace.requests if r.session_id == mine]
+    ambient = [r for r in trace.requests if r.session_id == scene_session]
+    assert theirs and ambient
+    assert {r.priority for r in theirs} == {Priority.SPEAKING}
+    assert {r.priority for r in ambient} == {Priority.BRONZE}
+    behind = {r.request_id: trace.steps_behind(r.request_id) for r in theirs}
+    assert all(b is not None and b <= 1 for b in behind.values()), behind
+    # Not vacuous: the chatter ran in the engine's steps beside the player's lines, and one
+    # of those lines' prompts took more than a chunk there.
+    beside = {r.request_id: trace.shared_with(r.request_id, {Priority.BRONZE}) for r in theirs}
+    assert sum(beside.values()) >= 1, beside
+    chunks = [
+        c.tokens
+        for step in trace.steps
+        for c in step.chunks
+        if beside.get(c.request_id) and c.prefill and len(step.chunks) > 1
+    ]
+    assert max(chunks) > settings.engine.prefill_chunk, chunks

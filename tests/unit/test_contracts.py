@@ -35,6 +35,7 @@ from mythic.contracts import (
     NPCState,
     PlayerUtterance,
     ProtocolError,
+    SceneAmbient,
     SceneEnd,
     SceneJoin,
     SceneLeave,
@@ -123,6 +124,15 @@ SAMPLES: list[Message] = [
         to="barkeep_01",
         player_id="p-7",
     ),
+    SceneAmbient(
+        scene_id="tavern-1",
+        session_id="s-1",
+        turn_id="amb-1",
+        lines=6,
+        opener="guard_3",
+        topic="the fog on the marsh road",
+        priority="bronze",
+    ),
     SceneState(
         scene_id="tavern-1", session_id="s-1", npcs=("barkeep_01", "countess"), players=("s-1",)
     ),
@@ -199,6 +209,7 @@ CLIENT_SENDS = {
     "SceneLeave",
     "SceneEnd",
     "SceneLine",
+    "SceneAmbient",
     "IntentRequest",
     "Cutoff",
     "Ack",
@@ -257,7 +268,7 @@ def _check_error(exc: ProtocolError) -> Error:
 def test_every_message_type_has_a_sample_and_a_name() -> None:
     assert sorted(m.type for m in SAMPLES) == sorted(MESSAGE_TYPES)
     assert set(get_args(MessageType)) == set(MESSAGE_TYPES)
-    assert len(MESSAGE_TYPES) == 24
+    assert len(MESSAGE_TYPES) == 25
 
 
 @pytest.mark.parametrize("message", SAMPLES, ids=lambda m: m.type)
@@ -542,6 +553,18 @@ BAD_FRAMES: list[tuple[str, str | bytes, str, str | None]] = [
         _frame("SceneUpdate", npc_id="a", objects=[{"id": f"o{i}", "dist": 1} for i in range(257)]),
         "invalid_message",
         "SceneUpdate.objects",
+    ),
+    (
+        "ambient lines over the limit",
+        _frame("SceneAmbient", scene_id="t", session_id="s", turn_id="a", lines=31),
+        "invalid_message",
+        "SceneAmbient.lines",
+    ),
+    (
+        "ambient priority not a class",
+        _frame("SceneAmbient", scene_id="t", session_id="s", turn_id="a", priority="gold"),
+        "invalid_message",
+        "SceneAmbient.priority",
     ),
     (
         "bad game time",

@@ -32,7 +32,9 @@ from mythic.dialogue import (
     touched,
     world_words,
 )
-from mythic.dialogue._naturalness import asks, owned_to_ai
+from mythic.dialogue._naturalness import asks, owned_to_ai, speaks_as
+from mythic.dialogue._session import HEARD, heard_lines
+from mythic.engine import ChatMessage
 from mythic.knowledge import PROMPT_RULES
 
 pytestmark = pytest.mark.unit
@@ -191,6 +193,31 @@ def test_the_filter_catches_a_secret_and_a_repeat() -> None:
     said, finding = _stream(check, _tokens("Well. The boats leave at dawn from the old wharf."))
     assert finding is not None and finding.kind == "repeat"
     assert said == "Well. "
+
+
+def test_a_reply_written_as_another_characters_line_is_caught() -> None:
+    # A scene's NPC answering another must not write the other's line ("Marla: ..."); being
+    # addressed ("Marla, ...") or naming them later is its own line.
+    others = ("Edda Strand", "Marla", "Strand")
+    assert speaks_as("Marla: (smiling) Ah, you're here.", others) == "Marla:"
+    assert speaks_as("**Edda Strand**: The gate shuts at ten.", others) == "**Edda Strand**:"
+    assert speaks_as("Marla, the gate shuts at ten.", others) is None
+    assert speaks_as("Ask Marla: she knows.", others) is None
+    said, finding = _stream(LineFilter(others=others), _tokens("Marla: Ah, you're here."))
+    assert said == "" and finding is not None and finding.kind == "narration"
+    said, finding = _stream(LineFilter(others=others), _tokens("Aye. Ask Marla: she knows."))
+    assert finding is None
+
+
+def test_words_heard_from_another_character_are_not_said_back_as_ones_own() -> None:
+    history = [
+        ChatMessage("system", f"{HEARD}\nEdda Strand: The curfew begins at the tenth bell."),
+        ChatMessage("user", "Marla: Have you seen the fog tonight, Captain?"),
+    ]
+    assert heard_lines(history) == ["The curfew begins at the tenth bell."]
+    check = LineFilter(earlier=heard_lines(history), hold_words=0)
+    said, finding = _stream(check, _tokens("Aye. The curfew begins at the tenth bell."))
+    assert finding is not None and finding.kind == "repeat" and said == "Aye. "
 
 
 def test_a_clean_replys_first_phrase_leaves_on_the_same_token_as_without_the_filter() -> None:

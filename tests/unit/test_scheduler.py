@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 
 from mythic.engine import (
+    EngineTrace,
     Overloaded,
     Priority,
     ScheduledEntry,
@@ -183,6 +184,29 @@ def test_long_prompt_is_chunked_and_other_streams_keep_decoding() -> None:
         assert out[talking.request_id] == 1
         assert out[long.request_id] <= 64
     assert steps == 16  # ceil(1000 / 64)
+
+
+def test_a_players_prompt_is_not_chunked_for_less_urgent_streams_beside_it() -> None:
+    # A scene's ambient chatter (silver, bronze) streams; a player's line (speaking) arrives:
+    # its prompt takes the step as if nobody streamed, and the chatter still advances.
+    cfg = SchedulerConfig(prefill_chunk=64, max_batch_tokens=512)
+    sched = Scheduler(cfg)
+    chatter = [entry(Priority.SILVER, prompt=4), entry(Priority.BRONZE, prompt=4)]
+    for e in chatter:
+        sched.add(e)
+    step(sched)
+    line = entry(Priority.SPEAKING, prompt=400)
+    sched.add(line)
+    out = tokens_by_request(step(sched))
+    assert out[line.request_id] == 400 and line.decoding
+    assert all(out[e.request_id] == 1 for e in chatter)
+    # A stream of the player's own class still keeps the prompt to its chunk.
+    other = entry(Priority.SPEAKING, prompt=4)
+    sched.add(other)
+    step(sched)
+    second = entry(Priority.SPEAKING, prompt=400)
+    sched.add(second)
+    assert tokens_by_request(step(sched))[second.request_id] == 64
 
 
 def test_gold_prompt_is_not_held_to_the_silver_chunk() -> None:
@@ -462,3 +486,41 @@ def test_max_seq_chunk_caps_every_prompt_chunk_gold_included() -> None:
     sizes = tokens_by_request(step(sched))
     assert sizes == {gold.request_id: 48, silver.request_id: 48}
     assert tokens_by_request(step(sched))[gold.request_id] == 4
+
+
+def _traced(trace: EngineTrace, sched: Scheduler, index: int) -> SchedulerOutput:
+    out = sched.schedule(0.0)
+    sched.update(out, finished=(), step_seconds=0.01)
+    priorities = {c.request_id: sched.get(c.request_id).priority for c in out.chunks()}  # type: ignore[union-attr]
+    trace.ran(trace.begin() if index < 0 else index, out, priorities)
+    return out
+
+
+def test_the_trace_counts_the_steps_a_request_was_held_back() -> None:
+    # Alone, a 1000-token prompt at 256 a step takes 4 steps: 0 behind. Arriving one step
+    # late for a waiting slot, it is 1 behind; chunked to 64 beside a stream of its class,
+    # 16 steps: 12 behind.
+    cfg = SchedulerConfig(prefill_chunk=64, max_batch_tokens=256)
+    trace = EngineTrace(1000, step_cap=256)
+    sched = Scheduler(cfg)
+    alone = entry(Priority.SPEAKING, prompt=1000, name="alone")
+    sched.add(alone)
+    trace.arrived("alone", "marla", "s", Priority.SPEAKING)
+    while not alone.decoding:
+        _traced(trace, sched, -1)
+    assert trace.steps_behind("alone") == 0 and trace.shared_with("alone", {Priority.BRONZE}) == 0
+    sched.remove("alone")
+
+    trace = EngineTrace(1000, step_cap=256)
+    sched = Scheduler(cfg)
+    stream = entry(Priority.SPEAKING, prompt=4, name="stream")
+    sched.add(stream)
+    _traced(trace, sched, -1)
+    trace.arrived("crowded", "bran", "s", Priority.SPEAKING)
+    crowded = entry(Priority.SPEAKING, prompt=1000, name="crowded")
+    sched.add(crowded)
+    while not crowded.decoding:
+        _traced(trace, sched, -1)
+    assert trace.steps_behind("crowded") == 12
+    assert trace.first_token_step("crowded") == 16
+    assert trace.steps_behind("nobody") is None

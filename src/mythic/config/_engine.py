@@ -116,6 +116,12 @@ class EngineSettings(Section):
     tokens are the same either way; off, llama.cpp matches all of a 152k vocabulary at every
     token (`bench/decision.py` measures both)."""
 
+    trace_steps: int = Field(default=0, ge=0, le=1_000_000)
+    """Model steps the engine's trace keeps: what each step evaluated for which request, and
+    when each request arrived, counted in steps (`Engine.trace`; tests read it to check the
+    scheduling, in steps rather than seconds). 0: no trace (its cost is a small record per
+    step)."""
+
     gold_preempts: bool = True
     """A gold request (the player's current partner, intents) stops a model step already
     running for other NPCs, runs first, and the stopped step is redone. Gold then never waits

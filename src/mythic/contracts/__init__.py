@@ -45,6 +45,7 @@ from mythic.contracts._messages import (
     MessageType,
     NPCState,
     PlayerUtterance,
+    SceneAmbient,
     SceneEnd,
     SceneJoin,
     SceneLeave,
@@ -66,6 +67,7 @@ from mythic.contracts._messages import (
 from mythic.contracts._schema import json_schemas
 from mythic.contracts._types import (
     ID_PATTERN,
+    MAX_AMBIENT_LINES,
     MAX_BARK_WORDS,
     MAX_FRAME_BYTES,
     MAX_SCENE_MEMBERS,
@@ -76,6 +78,7 @@ from mythic.contracts._types import (
 __all__ = [
     "AUDIO_FRAME_MAGIC",
     "ID_PATTERN",
+    "MAX_AMBIENT_LINES",
     "MAX_BARK_WORDS",
     "MAX_FRAME_BYTES",
     "MAX_SCENE_MEMBERS",
@@ -98,6 +101,7 @@ __all__ = [
     "PlayerUtterance",
     "ProtocolError",
     "ProtocolErrorCode",
+    "SceneAmbient",
     "SceneEnd",
     "SceneJoin",
     "SceneLeave",

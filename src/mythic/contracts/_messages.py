@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from pydantic.config import JsonDict
 
 from mythic.contracts._types import (
+    MAX_AMBIENT_LINES,
     MAX_SCENE_MEMBERS,
     MAX_SCENE_OBJECTS,
     MAX_VISEMES,
@@ -530,6 +531,33 @@ class SceneLine(_Envelope):
     """Who says it, when several players share a session."""
 
 
+class SceneAmbient(_Envelope):
+    """Client -> server: the scene's NPCs talk among themselves, `lines` lines in all (the game
+    decides when; Mythic decides what they say). Each line streams as `LLMStreamDelta`s of its
+    NPC, announced by a `SceneTurn` (`chosen_by`: `ambient`); the others of the scene hear it.
+    Ambient lines run at `priority` below every player's line: a player's line is never kept
+    waiting by them, and a line said to one of their NPCs stops its ambient line. A player's
+    `SceneLine` to the scene ends the exchange, as does a new `SceneAmbient`."""
+
+    type: Literal["SceneAmbient"] = "SceneAmbient"
+    scene_id: Id
+    """The scene whose NPCs talk."""
+    session_id: Id
+    """The session asking; its player must be in the scene, and the lines stream to it."""
+    turn_id: Id
+    """Chosen by the client, unique in the session; line k's turn is `turn_id.k` (from 1)."""
+    lines: Annotated[int, Field(strict=True, ge=1, le=MAX_AMBIENT_LINES)] = 4
+    """How many lines the NPCs say, all together."""
+    opener: Id | None = None
+    """The NPC who speaks first (default: the scene's first NPC)."""
+    topic: Note | None = None
+    """What they talk about, when the game has something in mind ("the fog", "the new
+    tax"); left out, the NPCs choose."""
+    priority: Literal["silver", "bronze"] = "silver"
+    """`silver`: chatter in the player's earshot; `bronze`: off-screen, served after every
+    other dialogue."""
+
+
 class SceneState(_Envelope):
     """Server -> client: who is in a scene now (after each `SceneStart`, `SceneJoin` and
     `SceneLeave`, to every session in it)."""
@@ -562,9 +590,10 @@ class SceneTurn(_Envelope):
     """The NPCs who answer, in order."""
     turn_ids: Annotated[tuple[Id, ...], Field(max_length=MAX_SCENE_MEMBERS)]
     """The turn of each speaker's reply, in the same order."""
-    chosen_by: Literal["name", "to", "selector", "nobody"]
+    chosen_by: Literal["name", "to", "selector", "nobody", "ambient"]
     """`name`: the line names them; `to`: the NPC the player faces; `selector`: the scene's
-    speaker selector decided (a gold request); `nobody`: no one answers."""
+    speaker selector decided (a gold request); `nobody`: no one answers; `ambient`: a line of
+    NPCs talking among themselves (`SceneAmbient`)."""
 
     @model_validator(mode="after")
     def _a_turn_per_speaker(self) -> SceneTurn:
@@ -585,6 +614,7 @@ MessageType = Literal[
     "LLMStreamDelta",
     "NPCState",
     "PlayerUtterance",
+    "SceneAmbient",
     "SceneEnd",
     "SceneJoin",
     "SceneLeave",
@@ -675,6 +705,7 @@ Message = Annotated[
     | SceneLeave
     | SceneEnd
     | SceneLine
+    | SceneAmbient
     | SceneState
     | SceneTurn
     | IntentRequest
@@ -701,6 +732,7 @@ ClientMessage = Annotated[
     | SceneLeave
     | SceneEnd
     | SceneLine
+    | SceneAmbient
     | IntentRequest
     | Cutoff
     | Ack

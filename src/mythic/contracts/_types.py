@@ -34,6 +34,8 @@ MAX_BARK_CHARS: Final = 80
 MAX_SCENE_OBJECTS: Final = 256
 MAX_SCENE_MEMBERS: Final = 16
 """The most NPCs (and, apart, players) a scene message names."""
+MAX_AMBIENT_LINES: Final = 30
+"""The most lines one `SceneAmbient` asks for."""
 MAX_VISEMES: Final = 512
 # One second of 48 kHz 16-bit mono audio: chunks are meant to be 20-100 ms.
 MAX_PCM_BYTES: Final = 96_000

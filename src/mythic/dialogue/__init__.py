@@ -15,7 +15,7 @@ from mythic.dialogue._cast import (
 )
 from mythic.dialogue._character import Scene
 from mythic.dialogue._chat import Chat, PlayerInputError, open_chat
-from mythic.dialogue._events import Hold
+from mythic.dialogue._events import Hold, Reply
 from mythic.dialogue._line_filter import LineFilter
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError, MailboxFullError
 from mythic.dialogue._naturalness import (
@@ -95,6 +95,7 @@ __all__ = [
     "Outbox",
     "PhraseBuffer",
     "PlayerInputError",
+    "Reply",
     "ReplySink",
     "Scene",
     "Secret",

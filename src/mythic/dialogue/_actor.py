@@ -220,8 +220,13 @@ class NPCActor:
                     # The player spoke over the NPC: barge-in, then answer the new line.
                     await self._stop_turn("barge_in", announce=True)
                     self._start_turn(event, tasks)
+                elif event.priority < self._turn.line.priority:
+                    # A player's line to an NPC talking ambiently (with the others of a
+                    # scene): it breaks off and turns to the player.
+                    await self._stop_turn("cancelled", announce=True)
+                    self._start_turn(event, tasks)
                 else:
-                    self._held.append(event)
+                    self._hold(event)
             case StopTurn():
                 turn = self._turn
                 if event.reason == "discarded":
@@ -297,8 +302,21 @@ class NPCActor:
                 self._flush_heard()
                 self._next_held(tasks)
                 last = self.turns.last
-                if self._turn is None and last is not None and last.finish in ("stop", "length"):
+                if (
+                    self._turn is None
+                    and last is not None
+                    and last.finish in ("stop", "length")
+                    and not last.ambient  # the settle would run as a player's prompt
+                ):
                     self.prefill.settle_after(last.session_id, tasks)
+
+    def _hold(self, line: PlayerLine) -> None:
+        """Keep `line` until the running turn ends: behind the lines held of its class and
+        the more urgent ones, before the less urgent (players' lines before ambient ones)."""
+        at = len(self._held)
+        while at and self._held[at - 1].priority > line.priority:
+            at -= 1
+        self._held.insert(at, line)
 
     def _drop_waiting(self, session_id: str, turn_id: str) -> bool:
         """Drop the line of `turn_id` if it waits (in the mailbox, or behind another

@@ -289,9 +289,12 @@ class Cast:
         speaker: str | None = None,
         player_id: str | None = None,
         tools: bool = True,
+        priority: Priority = Priority.SPEAKING,
     ) -> asyncio.Future[Reply]:
         """A line to `npc_id` (a scene's): from the player, or from another NPC named
         `speaker`. Returns what the NPC answers, set when its turn ends however it ends.
+        `priority`: the reply's engine class (`PlayerLine.priority`: below `SPEAKING`, an
+        ambient line).
 
         Raises:
             UnknownNPCError: the world has no such NPC.
@@ -307,6 +310,7 @@ class Cast:
             player_id,
             speaker=speaker,
             reply=reply,
+            priority=priority,
         )
         self.actor(npc_id).deliver(line)
         return reply

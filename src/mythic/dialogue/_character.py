@@ -81,6 +81,20 @@ class Character:
         self.tools = npc_tools(self.npc_id, persona.tools)
         self.short_name = persona.name.split(",")[0]
         self.name_forms = name_forms(persona.name, persona.backstory)
+        self.others = tuple(
+            sorted(
+                {
+                    form
+                    for npc_id, npc in world.npcs.items()
+                    if npc_id != self.npc_id
+                    for form in name_forms(npc.name, npc.backstory)
+                },
+                key=len,
+                reverse=True,
+            )
+        )
+        """The names of the world's other NPCs: a reply labelled with one ("Marla: ...")
+        speaks for them."""
         public = [world.card.description, persona.style, *persona.rules]
         public += [f"{zone.name}: {zone.description}" for zone in world.card.zones.values()]
         public += [npc.name for npc in world.npcs.values()]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mythic.contracts import IntentRequest, SceneUpdate
+from mythic.engine import Priority
 
 
 class Hold:
@@ -83,6 +84,15 @@ class PlayerLine:
     reply: asyncio.Future[Reply] | None = None
     """Set when the turn ends (whatever ends it): what the NPC said and why it stopped (a
     scene waits on it before the next speaker)."""
+    priority: Priority = Priority.SPEAKING
+    """The engine class of the reply: `SPEAKING` for a player's line; a scene's ambient line
+    (NPCs talking among themselves) is `SILVER` or `BRONZE`: it takes no speaker slot and no
+    gold decision, and a more urgent line to the NPC stops it."""
+
+    @property
+    def ambient(self) -> bool:
+        """Whether the line is one of NPCs talking among themselves, below the players'."""
+        return self.priority > Priority.SPEAKING
 
     @property
     def said(self) -> str:

@@ -24,6 +24,7 @@ from mythic.dialogue._naturalness import (
     opening,
     real_world,
     repeats,
+    speaks_as,
     stepped_out,
     strange_name,
     touched,
@@ -95,6 +96,9 @@ class LineFilter:
     plain: Sequence[str] = ()
     """What the persona prompt calls the NPC ("a ghoul of Ravenmoor", `introduction`): read
     back, an echo, though it holds names."""
+    others: Sequence[str] = ()
+    """The names of the world's other characters: a reply that begins as one's line
+    ("Marla: ...") speaks for them (`speaks_as`)."""
     hold_words: int = 6
     released: str = ""
     _held: str = ""
@@ -217,6 +221,8 @@ class LineFilter:
             return Finding("assistant", out)
         spoken = _without(sentence, self.own) if self.own else sentence
         narration = narrates_self(spoken, self.forms)
+        if narration is None and not self._passed:
+            narration = speaks_as(sentence, self.others)
         if narration is not None:
             return Finding("narration", narration)
         leaks = (

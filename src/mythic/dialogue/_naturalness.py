@@ -174,6 +174,16 @@ def narrates_self(text: str, forms: Sequence[str]) -> str | None:
     return label.group(0).strip() if label else None
 
 
+def speaks_as(text: str, others: Sequence[str]) -> str | None:
+    """The label where `text` begins as another character's line ("Marla: (smiling) ...",
+    "**Edda Strand**:"), the NPC writing a scene's script rather than its own line, or None."""
+    if not others:
+        return None
+    names = "|".join(re.escape(f) for f in others)
+    label = re.match(rf"\s*\**(?:{names})\**\s*:", text)
+    return label.group(0).strip() if label else None
+
+
 def addressed_as_self(text: str, forms: Sequence[str]) -> str | None:
     """The words where `text` tells the player they are the NPC ("You are Grisk the
     Bonepicker, ..."): the persona prompt's first line read out, or None. "You are Marla's

@@ -120,6 +120,17 @@ class Session:
             del self.history[: starts[-2 * keep] if keep else len(self.history)]
 
 
+def heard_lines(history: Sequence[ChatMessage]) -> list[str]:
+    """The words of the lines the NPC heard in a scene (`## Heard nearby`), without their
+    speakers' names."""
+    out = []
+    for message in history:
+        if message.role == "system" and message.content.startswith(HEARD):
+            for line in message.content.splitlines()[1:]:
+                out.append(line.split(": ", 1)[-1])
+    return out
+
+
 def replies_in(history: Sequence[ChatMessage]) -> list[str]:
     """The NPC's replies in `history`, without the note an interrupted one carries."""
     return [m.content.removesuffix(INTERRUPTED_NOTE) for m in history if m.role == "assistant"]

@@ -33,7 +33,7 @@ from mythic.dialogue._naturalness import Finding, greeting_lead, greets, opening
 from mythic.dialogue._phrases import PhraseBuffer, sentences_end
 from mythic.dialogue._prefill import Prefill
 from mythic.dialogue._refusals import deflection, reminder
-from mythic.dialogue._session import INTERRUPTED_NOTE, Session, replies_in
+from mythic.dialogue._session import INTERRUPTED_NOTE, Session, heard_lines, replies_in
 from mythic.dialogue._stage import Stage, ToolOutcome
 from mythic.dialogue._states import DialogueState
 from mythic.dialogue._window import PromptWindow, TailAgain
@@ -65,6 +65,8 @@ class TurnRecord:
     those of tries the line filter caught."""
     caught: list[str] = field(default_factory=list)
     """What the line filter caught in this turn's tries (`Finding.kind`s), in order."""
+    ambient: bool = False
+    """The line was a scene's ambient line (NPCs among themselves)."""
 
 
 def chat_sampling(settings: ChatSettings) -> Sampling:
@@ -172,12 +174,17 @@ class Turns:
                 out.context = self.window.record_context(cut.messages)
                 return [*out.context, user, *out.answer]
 
-            decide = settings.dialogue.decide
+            # An ambient line (NPCs among themselves) decides nothing: its gold decision
+            # would run before every player's line.
+            decide = settings.dialogue.decide and not line.ambient
             reply = self._checked_reply(out, history, user, tail_again)
             async with contextlib.aclosing(reply):
                 async for text in reply:
                     if not speaking:
-                        await stage.speakers.acquire()
+                        # The speaker slots are the players': an ambient line takes none
+                        # (it would keep a player's reply thinking).
+                        if not line.ambient:
+                            await stage.speakers.acquire()
                         speaking = True
                         self._enter(DialogueState.SPEAKING)
                     out.say(text)
@@ -195,7 +202,8 @@ class Turns:
                 raise asyncio.CancelledError  # a preemptive reply not confirmed: dropped
             out.flush_phrases()  # the reply's last words are spoken while the decision ends
             if speaking:  # the decision and a tool's round trip are not speech: free the slot
-                stage.speakers.release()
+                if not line.ambient:
+                    stage.speakers.release()
                 speaking = False
             if decide and decision_task is None:
                 decision_task = asyncio.create_task(self.decider.decide(line))
@@ -226,7 +234,7 @@ class Turns:
                 self._keep(out, session, user, memory is not None)
             else:
                 line.settle("", "cancelled")
-            if speaking:
+            if speaking and not line.ambient:
                 stage.speakers.release()
             self._enter(DialogueState.IDLE)
 
@@ -267,6 +275,7 @@ class Turns:
             out.tool_calls,
             out.first_phrase_tokens,
             out.caught,
+            line.ambient,
         )
         stage.stats.turn_finished(out.reason)
         line.settle(said, out.reason)
@@ -309,7 +318,9 @@ class Turns:
             return released[len(given.rstrip()) :]
 
         for attempt in range(dialogue.regenerate_tries + 1):
-            check = self._line_filter(history, user.content)
+            check = self._line_filter(
+                history, user.content, out.line.text if out.line.speaker else None
+            )
             out.reason = "stop"
 
             async def again(note: tuple[ChatMessage, ...] = extra) -> list[ChatMessage]:
@@ -389,22 +400,29 @@ class Turns:
         else:
             yield ("— " if given else "") + refusal
 
-    def _line_filter(self, history: list[ChatMessage], line: str) -> LineFilter:
-        """The checks of one reply in a conversation whose messages so far are `history`."""
+    def _line_filter(
+        self, history: list[ChatMessage], line: str, speaker_line: str | None = None
+    ) -> LineFilter:
+        """The checks of one reply in a conversation whose messages so far are `history`;
+        `speaker_line`: the words of another character the reply answers (a scene's)."""
         character = self.character
         said = replies_in(history)
         heard = [m.content for m in history if m.role == "user"]
+        # What others of a scene said in its hearing is not its own line to say again: an
+        # NPC answering another says more than the words it was told.
+        others = [*heard_lines(history), *([speaker_line] if speaker_line else [])]
         return LineFilter(
             forms=character.name_forms,
             secrets=character.secrets,
             heard=" ".join([*heard, line]),
-            earlier=[s for text in said for s in sentences(text)],
+            earlier=[s for text in [*said, *others] for s in sentences(text)],
             openings=[opening(text) for text in said],
             instructions=character.instructions,
             plain=character.plain,
             own=character.persona.catchphrases,
             asked=line,
             known=character.known,
+            others=character.others,
             hold_words=self.stage.settings.dialogue.first_phrase_words,
         )
 
@@ -446,6 +464,7 @@ class Turns:
             canned=self.character.canned(out.line.turn_id),
             tail_again=tail_again,
             lead=lead,
+            priority=out.line.priority,
         )
         async with stream:
             async for delta in stream:

@@ -169,6 +169,7 @@ class PromptWindow:
         finish_step_on_cancel: bool = False,
         step_tokens: int | None = None,
         lead: str = "",
+        priority: Priority = Priority.SPEAKING,
     ) -> RoutedStream:
         """Open a reply to `tail` with as much of the session's conversation as the model's
         context holds. While the prompt overflows, the window's start jumps to the newest half
@@ -179,7 +180,7 @@ class PromptWindow:
         when not the session's whole history (a tool's follow-up); `room`: context to leave
         free beyond the reply's tokens (`GenerationRequest.room_tokens`);
         `finish_step_on_cancel` and `step_tokens` are the request's (a prefill's, stopped for
-        the line, in short steps). After a
+        the line, in short steps); `priority` its class (a player's line: `SPEAKING`). After a
         jump, `tail_again` gives the tail again: the lore and scene a line tells depend on what
         the window still holds. An overflow is found before anything is evaluated, so a jump
         costs no model time.
@@ -198,7 +199,7 @@ class PromptWindow:
                     npc_id=self.character.npc_id,
                     session_id=session_id,
                     messages=self._prompt(session, tail),
-                    priority=Priority.SILVER,
+                    priority=priority,
                     sampling=sampling,
                     room_tokens=room,
                     finish_step_on_cancel=finish_step_on_cancel,

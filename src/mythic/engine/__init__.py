@@ -58,6 +58,7 @@ from mythic.engine._scheduler import (
     SchedulerConfig,
     SchedulerOutput,
 )
+from mythic.engine._trace import EngineTrace, TracedChunk, TracedRequest, TracedStep
 from mythic.engine._transformers import TransformersBackend, load_transformers_backend
 from mythic.engine.models import (
     PACKAGED_MODELS,
@@ -88,6 +89,7 @@ __all__ = [
     "EngineConfig",
     "EngineError",
     "EngineMetrics",
+    "EngineTrace",
     "FinishReason",
     "GGUFInfo",
     "GenerationRequest",
@@ -120,6 +122,9 @@ __all__ = [
     "SequenceChunk",
     "SyncRequestStream",
     "Timing",
+    "TracedChunk",
+    "TracedRequest",
+    "TracedStep",
     "TransformersBackend",
     "UnknownAdapterError",
     "UnknownModelError",

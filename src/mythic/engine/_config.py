@@ -21,6 +21,8 @@ class EngineConfig:
     seed: int = -1
     gold_preempts: bool = True
     park_bytes: int = 0
+    trace_steps: int = 0
+    """Steps the engine's trace keeps (`Engine.trace`); 0: no trace."""
 
     @classmethod
     def for_backend(cls, backend: Backend, settings: EngineSettings | None = None) -> EngineConfig:
@@ -46,4 +48,5 @@ class EngineConfig:
             seed=s.seed,
             gold_preempts=s.gold_preempts,
             park_bytes=s.park_mb * 2**20,
+            trace_steps=s.trace_steps,
         )

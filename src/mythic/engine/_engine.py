@@ -59,6 +59,7 @@ from mythic.engine._scheduler import (
     Scheduler,
     SchedulerOutput,
 )
+from mythic.engine._trace import EngineTrace
 from mythic.observability import percentile
 
 logger = logging.getLogger(__name__)
@@ -176,6 +177,10 @@ class Engine:
         self._commands: deque[_AdapterCommand] = deque()
         self._stopped = False
         """The worker has stopped: no command would ever run."""
+        self.trace: EngineTrace | None = None
+        """What each step evaluated for whom (`engine.trace_steps`, `start_trace`), or None."""
+        if self.config.trace_steps:
+            self.start_trace(self.config.trace_steps)
         self._thread = threading.Thread(target=self._run, name="mythic-engine", daemon=True)
         self._thread.start()
 
@@ -236,6 +241,19 @@ class Engine:
             InvalidRequestError: the request has no prompt or messages the model can take.
         """
         return self._input.tokens(request)
+
+    def start_trace(self, max_steps: int) -> EngineTrace:
+        """Trace the steps from now on (the last `max_steps` of them, and the requests
+        submitted meanwhile), replacing any trace running: `EngineTrace`."""
+        sched = self.config.scheduler
+        step_cap = min(sched.max_batch_tokens, sched.max_seq_chunk or sched.max_batch_tokens)
+        self.trace = EngineTrace(max_steps, step_cap=step_cap)
+        return self.trace
+
+    def stop_trace(self) -> EngineTrace | None:
+        """Stop tracing; the trace that ran, if any."""
+        trace, self.trace = self.trace, None
+        return trace
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a request (barge-in): its stream ends with finish_reason `cancelled` and its
@@ -301,6 +319,10 @@ class Engine:
                 self.backend.free_sampler(active.sampler)
                 raise
             self._active[request.request_id] = active
+            if self.trace is not None:
+                self.trace.arrived(
+                    request.request_id, request.npc_id, request.session_id, request.priority
+                )
             for name, _ in active.adapter_key:
                 self._adapter_users[name] += 1
                 self._adapter_requests[name] += 1
@@ -341,6 +363,8 @@ class Engine:
 
     def _step(self) -> None:
         now = time.monotonic()
+        trace: EngineTrace | None = None
+        step_index, priorities = 0, dict[str, Priority]()
         # Cancelled requests give their sequences back before any request is admitted: a
         # line that replaces a cancelled one (a barge-in, a warm-up stopped for the line)
         # then finds its session's KV free, not busy (it would start from a shared prefix).
@@ -356,6 +380,13 @@ class Engine:
                         self._join(active)
                     out = self._scheduler.schedule(now)
                     expired = [self._active[rid] for rid in out.expired]
+                    trace = self.trace
+                    if trace is not None and out.num_tokens:
+                        step_index = trace.begin()
+                        priorities = {
+                            c.request_id: self._active[c.request_id].request.priority
+                            for c in out.chunks()
+                        }
                     break
             for active in cancelled:
                 self._finish(active, "cancelled", keep=len(active.prompt) - len(active.to_eval))
@@ -390,6 +421,8 @@ class Engine:
             # step's time says nothing about the model's speed.
             out = SchedulerOutput(out.batches[:done], out.admitted, out.expired)
             step_s = 0.0
+        if trace is not None and out.num_tokens:
+            trace.ran(step_index, out, priorities)
         with self._lock:
             self._scheduler.update(out, finished, step_s)
 

@@ -20,9 +20,10 @@ Policy, in order:
    a burst of `burst_tokens` before competing again, which keeps batches stable.
 5. Chunked prefill: while other sequences stream, prompts evaluate `prefill_chunk` tokens
    per step each, all together (gold: the whole step budget), so one long prompt cannot
-   freeze every other stream; the oldest prompt takes them first. With none streaming,
-   prompts fill the step, oldest first. A sequence's share of one step is capped by
-   `max_seq_chunk`.
+   freeze every other stream; the most urgent, oldest prompt takes them first. With none
+   streaming, or only streams less urgent than that prompt (ambient chatter beside a
+   player's line), prompts fill the step, most urgent and oldest first. A sequence's share
+   of one step is capped by `max_seq_chunk`.
 6. Scheduled sequences are grouped by adapter set: one backend decode call per group; gold
    sequences form groups of their own, evaluated first.
 7. Adapter groups take turns (`adapter_quantum`): when the other classes' work spans several
@@ -450,16 +451,20 @@ class Scheduler:
         waiting = sorted(
             (e for e in picked if not e.decoding), key=lambda e: (e.priority, e.arrival)
         )
+        urgent = waiting[0].priority if waiting else None
         if gold:
             prompts = cfg.prefill_beside_gold
-        elif decoding:
+        elif urgent is not None and any(e.priority <= urgent for e in decoding):
             # Streams wait for the whole step: prompts get `prefill_chunk` tokens each, all
             # together, as many as if each took its chunk; but first come, first served
             # (llama-server fills its batch so), not spread evenly: the first NPC in line
             # gets its first token soonest, and the streams' steps last no longer.
             prompts = min(tokens_left, sum(self._chunk_limit(e.priority) for e in waiting))
         else:
-            prompts = tokens_left  # nobody streams: the step is the prompts'
+            # Nobody streams, or only less urgent classes (a scene's ambient chatter beside a
+            # player's line): the step is the prompts'. Those streams still advance a token
+            # each; they wait for the prompt's step, not the prompt for theirs.
+            prompts = tokens_left
         for entry in waiting:
             limit = min(self._chunk_limit(entry.priority, whole=not gold), prompts)
             if limit == 0:

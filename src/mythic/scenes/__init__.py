@@ -1,5 +1,6 @@
 """Scenes: group conversations of several NPCs and players in earshot, a speaker selector,
-NPCs answering each other, and histories that keep only what each NPC heard.
+NPCs answering each other, NPCs talking among themselves (ambient lines, below every
+player's), and histories that keep only what each NPC heard.
 
 `Scenes` sits on a `Cast`: the server routes the `Scene*` messages to it; each reply is an
 ordinary turn of its NPC, streamed as `LLMStreamDelta`s.
@@ -14,6 +15,7 @@ from mythic.scenes._errors import (
     SceneExistsError,
     SceneFullError,
     SceneLimitError,
+    TooFewNPCsError,
     UnknownSceneError,
     UnknownSceneNPCError,
 )
@@ -32,6 +34,7 @@ __all__ = [
     "SceneLimitError",
     "SceneRecord",
     "Scenes",
+    "TooFewNPCsError",
     "UnknownSceneError",
     "UnknownSceneNPCError",
     "address_forms",

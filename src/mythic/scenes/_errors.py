@@ -66,3 +66,9 @@ class UnknownSceneNPCError(SceneError):
     """The world has no NPC of this id."""
 
     code = "unknown_npc"
+
+
+class TooFewNPCsError(SceneError):
+    """NPCs talking among themselves (`SceneAmbient`) need two in the scene."""
+
+    code = "too_few_npcs"

@@ -6,6 +6,11 @@ scene's NPCs, or nobody). The others hear it (`Cast.overhear`: their histories a
 keep it); an NPC not in the scene never does. After a reply, an NPC it names may answer
 (`max_exchanges` times at most), then the scene waits for a player. A new line from a player
 stops the NPC speaking, not the scene.
+
+Ambient lines (`SceneAmbient`: the NPCs talk among themselves, the game deciding when) are
+turns of their NPCs at silver or bronze priority, below every player's line: they take no
+speaker slot and no gold decision, the engine serves a player's prompt before them, and a
+player's line to one of their NPCs stops its ambient line (`PlayerLine.priority`).
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ import contextlib
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 from typing import Literal
 
 from mythic._errors import MythicError
 from mythic.config import SceneSettings
 from mythic.contracts import (
+    SceneAmbient,
     SceneEnd,
     SceneJoin,
     SceneLeave,
@@ -29,7 +36,7 @@ from mythic.contracts import (
     SceneState,
     SceneTurn,
 )
-from mythic.dialogue import Cast, MailboxFullError, Outbox, UnknownNPCError
+from mythic.dialogue import Cast, MailboxFullError, Outbox, Reply, UnknownNPCError
 from mythic.engine import ChatMessage, GenerationRequest, Priority, Sampling
 from mythic.scenes._address import address_forms, addressed
 from mythic.scenes._errors import (
@@ -39,6 +46,7 @@ from mythic.scenes._errors import (
     SceneExistsError,
     SceneFullError,
     SceneLimitError,
+    TooFewNPCsError,
     UnknownSceneError,
     UnknownSceneNPCError,
 )
@@ -46,7 +54,7 @@ from mythic.scenes._scene import Scene
 
 log = logging.getLogger(__name__)
 
-ChosenBy = Literal["name", "to", "selector", "nobody"]
+ChosenBy = Literal["name", "to", "selector", "nobody", "ambient"]
 
 _ENDED = 1024
 """Ended scenes remembered, so that a late message to one is told it ended."""
@@ -54,6 +62,10 @@ _CONTEXT_LINES = 6
 """Lines of the scene the selector's prompt shows before the one it decides for."""
 PLAYER = "player"
 """The speaker of a player's lines in a scene's log."""
+DIRECTION = "Stage direction"
+"""Who says the line that starts NPCs talking among themselves (the game's cue, not a
+character's words: nobody remembers it as said)."""
+_PRIORITY = {"silver": Priority.SILVER, "bronze": Priority.BRONZE}
 
 
 class Scenes:
@@ -69,7 +81,13 @@ class Scenes:
         self.settings = settings
         self.scenes: dict[str, Scene] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()
-        self.selections: dict[str, int] = {"name": 0, "to": 0, "selector": 0, "nobody": 0}
+        self.selections: dict[str, int] = {
+            "name": 0,
+            "to": 0,
+            "selector": 0,
+            "nobody": 0,
+            "ambient": 0,
+        }
         """Lines answered, by how the speaker was chosen (for /metrics)."""
         self.selector_failures = 0
 
@@ -181,14 +199,36 @@ class Scenes:
         self._interrupt(scene, "barge_in")
         player = message.player_id or player_id or scene.player_of.get(session_id)
         scene.chain = asyncio.create_task(
-            self._answer(scene, session_id, player, message), name=f"scene {scene.id}"
+            self._guarded(scene, partial(self._play, scene, session_id, player, message)),
+            name=f"scene {scene.id}",
         )
 
-    async def _answer(
-        self, scene: Scene, session_id: str, player_id: str | None, line: SceneLine
-    ) -> None:
+    def ambient(self, session_id: str, message: SceneAmbient, *, player_id: str | None) -> None:
+        """The scene's NPCs talk among themselves, `message.lines` lines (without waiting
+        here): the NPC speaking now stops first, as for a player's line."""
+        scene = self._open(message.scene_id)
+        self._member(scene, session_id)
+        if message.opener is not None and message.opener not in scene.npcs:
+            raise NotInSceneError(
+                f"{message.opener!r} is not in scene {scene.id!r}", field="opener"
+            )
+        if len(scene.npcs) < 2:
+            raise TooFewNPCsError(
+                f"scene {scene.id!r} has {len(scene.npcs)} NPC; talking among themselves takes two",
+                field="scene_id",
+                fix="SceneJoin another NPC first",
+            )
+        self._interrupt(scene, "cancelled")
+        player = player_id or scene.player_of.get(session_id)
+        scene.chain = asyncio.create_task(
+            self._guarded(scene, partial(self._chatter, scene, session_id, player, message)),
+            name=f"scene {scene.id} ambient",
+        )
+
+    async def _guarded(self, scene: Scene, play: Callable[[], Awaitable[None]]) -> None:
+        """Run a line's replies (`play`): whatever fails, the scene goes on."""
         try:
-            await self._play(scene, session_id, player_id, line)
+            await play()
         except asyncio.CancelledError:
             raise
         except MythicError as exc:  # a refused line to an NPC: the scene goes on
@@ -215,22 +255,11 @@ class Scenes:
         base = line.turn_id[:120]
         exchanges = scene.max_exchanges
         for exchange in range(exchanges + 1):
-            scene.speaking = (npc_id, session_id, turn_id)
-            try:
-                reply = self.cast.say_to(
-                    session_id,
-                    npc_id,
-                    turn_id,
-                    text,
-                    speaker=said_by,
-                    player_id=player_id,
-                    tools=said_by is None,
-                )
-            except MailboxFullError as exc:
-                log.warning("scene %s: %s cannot answer: %s", scene.id, npc_id, exc)
+            answer = await self._say(
+                scene, session_id, npc_id, turn_id, text, said_by, player_id, tools=said_by is None
+            )
+            if answer is None:
                 return
-            answer = await reply
-            scene.speaking = None
             if said_by is None:
                 scene.last_speaker[session_id] = npc_id
             said = answer.text.strip()
@@ -249,6 +278,102 @@ class Scenes:
             self._tell_turn(scene, turn_id, (nxt,), (reply_turn,), "name")
             self.selections["name"] += 1
             npc_id, turn_id, text, said_by = nxt, reply_turn, said, self._name(npc_id)
+
+    async def _chatter(
+        self, scene: Scene, session_id: str, player_id: str | None, cue: SceneAmbient
+    ) -> None:
+        """NPCs talk among themselves: the opener starts on the game's cue; each line is
+        answered by an NPC it names, else by the next NPC of the scene after its speaker; the
+        others hear it. Stops early when a line is empty, cut off, or its NPC has left."""
+        priority = _PRIORITY[cue.priority]
+        npc_id = cue.opener or scene.npcs[0]
+        text, said_by, answered = self._cue(scene, npc_id, cue.topic), DIRECTION, cue.turn_id
+        base = cue.turn_id[:120]
+        for k in range(1, cue.lines + 1):
+            turn_id = f"{base}.{k}"
+            self._tell_turn(scene, answered, (npc_id,), (turn_id,), "ambient")
+            self.selections["ambient"] += 1
+            answer = await self._say(
+                scene,
+                session_id,
+                npc_id,
+                turn_id,
+                text,
+                said_by,
+                # The cue is the game's, not a character's: nobody's memory keeps it.
+                None if said_by == DIRECTION else player_id,
+                tools=False,
+                priority=priority,
+            )
+            if answer is None:
+                return
+            said = answer.text.strip()
+            if not said or answer.reason not in ("stop", "length"):
+                return  # nothing said, or broken off (a player spoke to it)
+            scene.record(npc_id, turn_id, said)
+            nxt = self._next_talker(scene, said, npc_id) if k < cue.lines else None
+            self._overhear(
+                scene, session_id, player_id, f"{self._name(npc_id)}: {said}", but=(npc_id, nxt)
+            )
+            if nxt is None:
+                return
+            npc_id, text, said_by, answered = nxt, said, self._name(npc_id), turn_id
+
+    async def _say(
+        self,
+        scene: Scene,
+        session_id: str,
+        npc_id: str,
+        turn_id: str,
+        text: str,
+        said_by: str | None,
+        player_id: str | None,
+        *,
+        tools: bool,
+        priority: Priority = Priority.SPEAKING,
+    ) -> Reply | None:
+        """`npc_id` answers `text` (said by `said_by`, else the player) as the scene's speaker
+        now; what it said, or None when it has too many lines waiting to take this one."""
+        scene.speaking = (npc_id, session_id, turn_id)
+        try:
+            reply = self.cast.say_to(
+                session_id,
+                npc_id,
+                turn_id,
+                text,
+                speaker=said_by,
+                player_id=player_id,
+                tools=tools,
+                priority=priority,
+            )
+        except MailboxFullError as exc:
+            log.warning("scene %s: %s cannot answer: %s", scene.id, npc_id, exc)
+            scene.speaking = None
+            return None
+        answer = await reply
+        scene.speaking = None
+        return answer
+
+    def _cue(self, scene: Scene, npc_id: str, topic: str | None) -> str:
+        """The game's cue to the NPC who starts talking with the others of `scene`."""
+        others = [self._name(n) for n in scene.npcs if n != npc_id]
+        who = others[0] if len(others) == 1 else ", ".join(others[:-1]) + " and " + others[-1]
+        about = f" about {topic}" if topic else ""
+        verb = "is" if len(others) == 1 else "are"
+        return f"{who} {verb} here with you. Say something to them{about}."
+
+    def _next_talker(self, scene: Scene, said: str, speaker: str) -> str | None:
+        """Who answers `speaker`'s ambient line: an NPC it names, else the next after it."""
+        named = self._named(scene, said, speaker)
+        if named:
+            return named[0]
+        others = [n for n in scene.npcs if n != speaker]
+        if not others:
+            return None
+        if speaker not in scene.npcs:
+            return others[0]
+        at = scene.npcs.index(speaker)
+        return scene.npcs[(at + 1) % len(scene.npcs)]
 
     async def _choose(
         self, scene: Scene, session_id: str, line: SceneLine

@@ -22,6 +22,7 @@ from mythic.contracts import (
     LLMStreamDelta,
     PlayerUtterance,
     ProtocolError,
+    SceneAmbient,
     SceneEnd,
     SceneJoin,
     SceneLeave,
@@ -246,7 +247,14 @@ class Connection:
             case Cutoff():
                 if self.gateway.voice is not None:
                     self.gateway.voice.client_cutoff(session.id, message.npc_id, message.turn_id)
-            case SceneStart() | SceneJoin() | SceneLeave() | SceneEnd() | SceneLine():
+            case (
+                SceneStart()
+                | SceneJoin()
+                | SceneLeave()
+                | SceneEnd()
+                | SceneLine()
+                | SceneAmbient()
+            ):
                 self._scene(session, message)
                 return
         try:
@@ -277,7 +285,9 @@ class Connection:
             )
 
     def _scene(
-        self, session: Session, message: SceneStart | SceneJoin | SceneLeave | SceneEnd | SceneLine
+        self,
+        session: Session,
+        message: SceneStart | SceneJoin | SceneLeave | SceneEnd | SceneLine | SceneAmbient,
     ) -> None:
         scenes, player = self.gateway.scenes, session.player_id
         try:
@@ -292,9 +302,11 @@ class Connection:
                     scenes.end(session.id, message)
                 case SceneLine():
                     scenes.line(session.id, message, player_id=player)
+                case SceneAmbient():
+                    scenes.ambient(session.id, message, player_id=player)
         except SceneError as exc:
             ref = f"{message.type}.{exc.field}" if exc.field else message.type
-            turn_id = message.turn_id if isinstance(message, SceneLine) else None
+            turn_id = message.turn_id if isinstance(message, SceneLine | SceneAmbient) else None
             self._fail(exc.code, exc.message, ref=ref, turn_id=turn_id, retryable=exc.retryable)
 
     def _audio(self, session: Session, chunk: AudioChunk) -> None:

@@ -17,6 +17,7 @@ export type MythicMessage =
   | SceneLeave
   | SceneEnd
   | SceneLine
+  | SceneAmbient
   | SceneState
   | SceneTurn
   | IntentRequest
@@ -531,6 +532,55 @@ export interface SceneLine {
   player_id?: string | null;
 }
 /**
+ * Client -> server: the scene's NPCs talk among themselves, `lines` lines in all (the game
+ * decides when; Mythic decides what they say). Each line streams as `LLMStreamDelta`s of its
+ * NPC, announced by a `SceneTurn` (`chosen_by`: `ambient`); the others of the scene hear it.
+ * Ambient lines run at `priority` below every player's line: a player's line is never kept
+ * waiting by them, and a line said to one of their NPCs stops its ambient line. A player's
+ * `SceneLine` to the scene ends the exchange, as does a new `SceneAmbient`.
+ */
+export interface SceneAmbient {
+  /**
+   * Protocol version. Any other value is answered with an `Error` of code
+   * `bad_schema_version`.
+   */
+  schema_version: "v1";
+  /**
+   * The message type: what the rest of the fields mean.
+   */
+  type: "SceneAmbient";
+  /**
+   * The scene whose NPCs talk.
+   */
+  scene_id: string;
+  /**
+   * The session asking; its player must be in the scene, and the lines stream to it.
+   */
+  session_id: string;
+  /**
+   * Chosen by the client, unique in the session; line k's turn is `turn_id.k` (from 1).
+   */
+  turn_id: string;
+  /**
+   * How many lines the NPCs say, all together.
+   */
+  lines?: number;
+  /**
+   * The NPC who speaks first (default: the scene's first NPC).
+   */
+  opener?: string | null;
+  /**
+   * What they talk about, when the game has something in mind ("the fog", "the new
+   * tax"); left out, the NPCs choose.
+   */
+  topic?: string | null;
+  /**
+   * `silver`: chatter in the player's earshot; `bronze`: off-screen, served after every
+   * other dialogue.
+   */
+  priority?: "silver" | "bronze";
+}
+/**
  * Server -> client: who is in a scene now (after each `SceneStart`, `SceneJoin` and
  * `SceneLeave`, to every session in it).
  */
@@ -807,9 +857,10 @@ export interface SceneTurn {
       ];
   /**
    * `name`: the line names them; `to`: the NPC the player faces; `selector`: the scene's
-   * speaker selector decided (a gold request); `nobody`: no one answers.
+   * speaker selector decided (a gold request); `nobody`: no one answers; `ambient`: a line of
+   * NPCs talking among themselves (`SceneAmbient`).
    */
-  chosen_by: "name" | "to" | "selector" | "nobody";
+  chosen_by: "name" | "to" | "selector" | "nobody" | "ambient";
 }
 /**
  * Client -> server: ask for a fresh intent for an NPC (the game's intent cache, 1-2 Hz).
@@ -1115,6 +1166,7 @@ export interface Ack {
     | "LLMStreamDelta"
     | "NPCState"
     | "PlayerUtterance"
+    | "SceneAmbient"
     | "SceneEnd"
     | "SceneJoin"
     | "SceneLeave"

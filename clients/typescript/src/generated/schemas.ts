@@ -61,6 +61,7 @@ export const clientSchema = {
             "LLMStreamDelta",
             "NPCState",
             "PlayerUtterance",
+            "SceneAmbient",
             "SceneEnd",
             "SceneJoin",
             "SceneLeave",
@@ -546,6 +547,107 @@ export const clientSchema = {
         "text"
       ],
       "title": "PlayerUtterance",
+      "type": "object"
+    },
+    "SceneAmbient": {
+      "additionalProperties": false,
+      "description": "Client -> server: the scene's NPCs talk among themselves, `lines` lines in all (the game\ndecides when; Mythic decides what they say). Each line streams as `LLMStreamDelta`s of its\nNPC, announced by a `SceneTurn` (`chosen_by`: `ambient`); the others of the scene hear it.\nAmbient lines run at `priority` below every player's line: a player's line is never kept\nwaiting by them, and a line said to one of their NPCs stops its ambient line. A player's\n`SceneLine` to the scene ends the exchange, as does a new `SceneAmbient`.",
+      "properties": {
+        "schema_version": {
+          "const": "v1",
+          "default": "v1",
+          "description": "Protocol version. Any other value is answered with an `Error` of code\n`bad_schema_version`.",
+          "title": "Schema Version",
+          "type": "string"
+        },
+        "type": {
+          "const": "SceneAmbient",
+          "default": "SceneAmbient",
+          "description": "The message type: what the rest of the fields mean.",
+          "title": "Type",
+          "type": "string"
+        },
+        "scene_id": {
+          "description": "The scene whose NPCs talk.",
+          "maxLength": 128,
+          "minLength": 1,
+          "pattern": "^[A-Za-z0-9_.:-]{1,128}$",
+          "title": "Scene Id",
+          "type": "string"
+        },
+        "session_id": {
+          "description": "The session asking; its player must be in the scene, and the lines stream to it.",
+          "maxLength": 128,
+          "minLength": 1,
+          "pattern": "^[A-Za-z0-9_.:-]{1,128}$",
+          "title": "Session Id",
+          "type": "string"
+        },
+        "turn_id": {
+          "description": "Chosen by the client, unique in the session; line k's turn is `turn_id.k` (from 1).",
+          "maxLength": 128,
+          "minLength": 1,
+          "pattern": "^[A-Za-z0-9_.:-]{1,128}$",
+          "title": "Turn Id",
+          "type": "string"
+        },
+        "lines": {
+          "default": 4,
+          "description": "How many lines the NPCs say, all together.",
+          "maximum": 30,
+          "minimum": 1,
+          "title": "Lines",
+          "type": "integer"
+        },
+        "opener": {
+          "anyOf": [
+            {
+              "maxLength": 128,
+              "minLength": 1,
+              "pattern": "^[A-Za-z0-9_.:-]{1,128}$",
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "The NPC who speaks first (default: the scene's first NPC).",
+          "title": "Opener"
+        },
+        "topic": {
+          "anyOf": [
+            {
+              "maxLength": 1000,
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "What they talk about, when the game has something in mind (\"the fog\", \"the new\ntax\"); left out, the NPCs choose.",
+          "title": "Topic"
+        },
+        "priority": {
+          "default": "silver",
+          "description": "`silver`: chatter in the player's earshot; `bronze`: off-screen, served after every\nother dialogue.",
+          "enum": [
+            "silver",
+            "bronze"
+          ],
+          "title": "Priority",
+          "type": "string"
+        }
+      },
+      "required": [
+        "schema_version",
+        "type",
+        "scene_id",
+        "session_id",
+        "turn_id"
+      ],
+      "title": "SceneAmbient",
       "type": "object"
     },
     "SceneEnd": {
@@ -1225,6 +1327,7 @@ export const clientSchema = {
       "Error": "#/$defs/Error",
       "IntentRequest": "#/$defs/IntentRequest",
       "PlayerUtterance": "#/$defs/PlayerUtterance",
+      "SceneAmbient": "#/$defs/SceneAmbient",
       "SceneEnd": "#/$defs/SceneEnd",
       "SceneJoin": "#/$defs/SceneJoin",
       "SceneLeave": "#/$defs/SceneLeave",
@@ -1266,6 +1369,9 @@ export const clientSchema = {
     },
     {
       "$ref": "#/$defs/SceneLine"
+    },
+    {
+      "$ref": "#/$defs/SceneAmbient"
     },
     {
       "$ref": "#/$defs/IntentRequest"
@@ -1484,6 +1590,7 @@ export const serverSchema = {
             "LLMStreamDelta",
             "NPCState",
             "PlayerUtterance",
+            "SceneAmbient",
             "SceneEnd",
             "SceneJoin",
             "SceneLeave",
@@ -2244,12 +2351,13 @@ export const serverSchema = {
           "type": "array"
         },
         "chosen_by": {
-          "description": "`name`: the line names them; `to`: the NPC the player faces; `selector`: the scene's\nspeaker selector decided (a gold request); `nobody`: no one answers.",
+          "description": "`name`: the line names them; `to`: the NPC the player faces; `selector`: the scene's\nspeaker selector decided (a gold request); `nobody`: no one answers; `ambient`: a line of\nNPCs talking among themselves (`SceneAmbient`).",
           "enum": [
             "name",
             "to",
             "selector",
-            "nobody"
+            "nobody",
+            "ambient"
           ],
           "title": "Chosen By",
           "type": "string"

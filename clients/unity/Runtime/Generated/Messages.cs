@@ -632,6 +632,81 @@ namespace Mythic.Client
     }
 
     /// <summary>
+    /// Client -&gt; server: the scene's NPCs talk among themselves, `lines` lines in all (the game
+    /// decides when; Mythic decides what they say). Each line streams as `LLMStreamDelta`s of
+    /// its
+    /// NPC, announced by a `SceneTurn` (`chosen_by`: `ambient`); the others of the scene hear
+    /// it.
+    /// Ambient lines run at `priority` below every player's line: a player's line is never kept
+    /// waiting by them, and a line said to one of their NPCs stops its ambient line. A player's
+    /// `SceneLine` to the scene ends the exchange, as does a new `SceneAmbient`.
+    /// </summary>
+    public partial class SceneAmbient
+    {
+        /// <summary>
+        /// How many lines the NPCs say, all together.
+        /// </summary>
+        [JsonProperty("lines", Required = Required.Default, NullValueHandling = NullValueHandling.Ignore)]
+        public long? Lines { get; set; }
+
+        /// <summary>
+        /// The NPC who speaks first (default: the scene's first NPC).
+        /// </summary>
+        [JsonProperty("opener")]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string Opener { get; set; }
+
+        /// <summary>
+        /// `silver`: chatter in the player's earshot; `bronze`: off-screen, served after every
+        /// other dialogue.
+        /// </summary>
+        [JsonProperty("priority", Required = Required.Default, NullValueHandling = NullValueHandling.Ignore)]
+        public Priority? Priority { get; set; }
+
+        /// <summary>
+        /// The scene whose NPCs talk.
+        /// </summary>
+        [JsonProperty("scene_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SceneId { get; set; }
+
+        /// <summary>
+        /// Protocol version. Any other value is answered with an `Error` of code
+        /// `bad_schema_version`.
+        /// </summary>
+        [JsonProperty("schema_version", Required = Required.Always)]
+        public SchemaVersion SchemaVersion { get; set; }
+
+        /// <summary>
+        /// The session asking; its player must be in the scene, and the lines stream to it.
+        /// </summary>
+        [JsonProperty("session_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string SessionId { get; set; }
+
+        /// <summary>
+        /// What they talk about, when the game has something in mind ("the fog", "the new
+        /// tax"); left out, the NPCs choose.
+        /// </summary>
+        [JsonProperty("topic")]
+        [JsonConverter(typeof(TentacledMinMaxLengthCheckConverter))]
+        public string Topic { get; set; }
+
+        /// <summary>
+        /// Chosen by the client, unique in the session; line k's turn is `turn_id.k` (from 1).
+        /// </summary>
+        [JsonProperty("turn_id", Required = Required.Always)]
+        [JsonConverter(typeof(PurpleMinMaxLengthCheckConverter))]
+        public string TurnId { get; set; }
+
+        /// <summary>
+        /// The message type: what the rest of the fields mean.
+        /// </summary>
+        [JsonProperty("type", Required = Required.Always)]
+        public SceneAmbientType Type { get; set; }
+    }
+
+    /// <summary>
     /// Either direction: the scene is over (its NPCs stop; what they heard stays theirs).
     /// </summary>
     public partial class SceneEnd
@@ -922,7 +997,8 @@ namespace Mythic.Client
     {
         /// <summary>
         /// `name`: the line names them; `to`: the NPC the player faces; `selector`: the scene's
-        /// speaker selector decided (a gold request); `nobody`: no one answers.
+        /// speaker selector decided (a gold request); `nobody`: no one answers; `ambient`: a line of
+        /// NPCs talking among themselves (`SceneAmbient`).
         /// </summary>
         [JsonProperty("chosen_by", Required = Required.Always)]
         public ChosenBy ChosenBy { get; set; }
@@ -1351,7 +1427,7 @@ namespace Mythic.Client
     /// <summary>
     /// The type of the message acknowledged (`ToolCall`).
     /// </summary>
-    public enum AckOf { Ack, AsrFinal, AsrPartial, AudioChunk, Cutoff, Error, IntentRequest, IntentUpdate, LlmStreamDelta, NpcState, PlayerUtterance, SceneEnd, SceneJoin, SceneLeave, SceneLine, SceneStart, SceneState, SceneTurn, SceneUpdate, SessionEnd, SessionStart, ToolCall, TtsChunk, Welcome };
+    public enum AckOf { Ack, AsrFinal, AsrPartial, AudioChunk, Cutoff, Error, IntentRequest, IntentUpdate, LlmStreamDelta, NpcState, PlayerUtterance, SceneAmbient, SceneEnd, SceneJoin, SceneLeave, SceneLine, SceneStart, SceneState, SceneTurn, SceneUpdate, SessionEnd, SessionStart, ToolCall, TtsChunk, Welcome };
 
     /// <summary>
     /// `ok`: done; `error`: tried and failed; `rejected`: refused (not allowed now, bad
@@ -1394,6 +1470,14 @@ namespace Mythic.Client
 
     public enum PlayerUtteranceType { PlayerUtterance };
 
+    /// <summary>
+    /// `silver`: chatter in the player's earshot; `bronze`: off-screen, served after every
+    /// other dialogue.
+    /// </summary>
+    public enum Priority { Bronze, Silver };
+
+    public enum SceneAmbientType { SceneAmbient };
+
     public enum SceneEndType { SceneEnd };
 
     public enum SceneJoinType { SceneJoin };
@@ -1408,9 +1492,10 @@ namespace Mythic.Client
 
     /// <summary>
     /// `name`: the line names them; `to`: the NPC the player faces; `selector`: the scene's
-    /// speaker selector decided (a gold request); `nobody`: no one answers.
+    /// speaker selector decided (a gold request); `nobody`: no one answers; `ambient`: a line of
+    /// NPCs talking among themselves (`SceneAmbient`).
     /// </summary>
-    public enum ChosenBy { Name, Nobody, Selector, To };
+    public enum ChosenBy { Ambient, Name, Nobody, Selector, To };
 
     public enum SceneTurnType { SceneTurn };
 
@@ -1452,6 +1537,8 @@ namespace Mythic.Client
                 StateConverter.Singleton,
                 NpcStateTypeConverter.Singleton,
                 PlayerUtteranceTypeConverter.Singleton,
+                PriorityConverter.Singleton,
+                SceneAmbientTypeConverter.Singleton,
                 SceneEndTypeConverter.Singleton,
                 SceneJoinTypeConverter.Singleton,
                 SceneLeaveTypeConverter.Singleton,
@@ -1661,6 +1748,8 @@ namespace Mythic.Client
                     return AckOf.NpcState;
                 case "PlayerUtterance":
                     return AckOf.PlayerUtterance;
+                case "SceneAmbient":
+                    return AckOf.SceneAmbient;
                 case "SceneEnd":
                     return AckOf.SceneEnd;
                 case "SceneJoin":
@@ -1733,6 +1822,9 @@ namespace Mythic.Client
                     return;
                 case AckOf.PlayerUtterance:
                     serializer.Serialize(writer, "PlayerUtterance");
+                    return;
+                case AckOf.SceneAmbient:
+                    serializer.Serialize(writer, "SceneAmbient");
                     return;
                 case AckOf.SceneEnd:
                     serializer.Serialize(writer, "SceneEnd");
@@ -2564,6 +2656,81 @@ namespace Mythic.Client
         public static readonly PlayerUtteranceTypeConverter Singleton = new PlayerUtteranceTypeConverter();
     }
 
+    internal class PriorityConverter : JsonConverter
+    {
+        public override bool CanConvert(Type t) => t == typeof(Priority) || t == typeof(Priority?);
+
+        public override object ReadJson(JsonReader reader, Type t, object existingValue, JsonSerializer serializer)
+        {
+            if (reader.TokenType == JsonToken.Null) return null;
+            var value = serializer.Deserialize<string>(reader);
+            switch (value)
+            {
+                case "bronze":
+                    return Priority.Bronze;
+                case "silver":
+                    return Priority.Silver;
+            }
+            throw new Exception("Cannot unmarshal type Priority");
+        }
+
+        public override void WriteJson(JsonWriter writer, object untypedValue, JsonSerializer serializer)
+        {
+            if (untypedValue == null)
+            {
+                serializer.Serialize(writer, null);
+                return;
+            }
+            var value = (Priority)untypedValue;
+            switch (value)
+            {
+                case Priority.Bronze:
+                    serializer.Serialize(writer, "bronze");
+                    return;
+                case Priority.Silver:
+                    serializer.Serialize(writer, "silver");
+                    return;
+            }
+            throw new Exception("Cannot marshal type Priority");
+        }
+
+        public static readonly PriorityConverter Singleton = new PriorityConverter();
+    }
+
+    internal class SceneAmbientTypeConverter : JsonConverter
+    {
+        public override bool CanConvert(Type t) => t == typeof(SceneAmbientType) || t == typeof(SceneAmbientType?);
+
+        public override object ReadJson(JsonReader reader, Type t, object existingValue, JsonSerializer serializer)
+        {
+            if (reader.TokenType == JsonToken.Null) return null;
+            var value = serializer.Deserialize<string>(reader);
+            if (value == "SceneAmbient")
+            {
+                return SceneAmbientType.SceneAmbient;
+            }
+            throw new Exception("Cannot unmarshal type SceneAmbientType");
+        }
+
+        public override void WriteJson(JsonWriter writer, object untypedValue, JsonSerializer serializer)
+        {
+            if (untypedValue == null)
+            {
+                serializer.Serialize(writer, null);
+                return;
+            }
+            var value = (SceneAmbientType)untypedValue;
+            if (value == SceneAmbientType.SceneAmbient)
+            {
+                serializer.Serialize(writer, "SceneAmbient");
+                return;
+            }
+            throw new Exception("Cannot marshal type SceneAmbientType");
+        }
+
+        public static readonly SceneAmbientTypeConverter Singleton = new SceneAmbientTypeConverter();
+    }
+
     internal class SceneEndTypeConverter : JsonConverter
     {
         public override bool CanConvert(Type t) => t == typeof(SceneEndType) || t == typeof(SceneEndType?);
@@ -2846,6 +3013,8 @@ namespace Mythic.Client
             var value = serializer.Deserialize<string>(reader);
             switch (value)
             {
+                case "ambient":
+                    return ChosenBy.Ambient;
                 case "name":
                     return ChosenBy.Name;
                 case "nobody":
@@ -2868,6 +3037,9 @@ namespace Mythic.Client
             var value = (ChosenBy)untypedValue;
             switch (value)
             {
+                case ChosenBy.Ambient:
+                    serializer.Serialize(writer, "ambient");
+                    return;
                 case ChosenBy.Name:
                     serializer.Serialize(writer, "name");
                     return;

@@ -6,20 +6,21 @@ extends Reference
 const SCHEMA_VERSION = "v1"
 
 # The message types a game client sends.
-const CLIENT_TYPES = ["Ack", "AudioChunk", "Cutoff", "Error", "IntentRequest", "PlayerUtterance", "SceneEnd", "SceneJoin", "SceneLeave", "SceneLine", "SceneStart", "SceneUpdate", "SessionEnd", "SessionStart"]
+const CLIENT_TYPES = ["Ack", "AudioChunk", "Cutoff", "Error", "IntentRequest", "PlayerUtterance", "SceneAmbient", "SceneEnd", "SceneJoin", "SceneLeave", "SceneLine", "SceneStart", "SceneUpdate", "SessionEnd", "SessionStart"]
 
 # The message types the server sends.
 const SERVER_TYPES = ["ASRFinal", "ASRPartial", "Ack", "Cutoff", "Error", "IntentUpdate", "LLMStreamDelta", "NPCState", "SceneEnd", "SceneState", "SceneTurn", "SessionEnd", "TTSChunk", "ToolCall", "Welcome"]
 
 # The values of each enum field, by `Message.field`.
 const ENUMS = {
-	"Ack.ack_of": ["ASRFinal", "ASRPartial", "Ack", "AudioChunk", "Cutoff", "Error", "IntentRequest", "IntentUpdate", "LLMStreamDelta", "NPCState", "PlayerUtterance", "SceneEnd", "SceneJoin", "SceneLeave", "SceneLine", "SceneStart", "SceneState", "SceneTurn", "SceneUpdate", "SessionEnd", "SessionStart", "TTSChunk", "ToolCall", "Welcome"],
+	"Ack.ack_of": ["ASRFinal", "ASRPartial", "Ack", "AudioChunk", "Cutoff", "Error", "IntentRequest", "IntentUpdate", "LLMStreamDelta", "NPCState", "PlayerUtterance", "SceneAmbient", "SceneEnd", "SceneJoin", "SceneLeave", "SceneLine", "SceneStart", "SceneState", "SceneTurn", "SceneUpdate", "SessionEnd", "SessionStart", "TTSChunk", "ToolCall", "Welcome"],
 	"Ack.status": ["ok", "error", "rejected", "duplicate"],
 	"Cutoff.reason": ["barge_in", "cancelled"],
 	"IntentUpdate.intent": ["chitchat", "trade", "quest", "hint", "combat", "navigation", "admin"],
 	"LLMStreamDelta.finish_reason": ["stop", "length", "tool_call", "cutoff", "error"],
 	"NPCState.state": ["idle", "listening", "thinking", "speaking", "barge_in"],
-	"SceneTurn.chosen_by": ["name", "to", "selector", "nobody"],
+	"SceneAmbient.priority": ["silver", "bronze"],
+	"SceneTurn.chosen_by": ["name", "to", "selector", "nobody", "ambient"],
 	"VoiceFormat.input_rate": [16000, 32000, 48000],
 }
 
@@ -58,7 +59,7 @@ const DEFS = {
 		"fields": {
 			"schema_version": [{"type": "string", "const": "v1"}],
 			"type": [{"type": "string", "const": "Ack"}],
-			"ack_of": [{"type": "string", "enum": ["ASRFinal", "ASRPartial", "Ack", "AudioChunk", "Cutoff", "Error", "IntentRequest", "IntentUpdate", "LLMStreamDelta", "NPCState", "PlayerUtterance", "SceneEnd", "SceneJoin", "SceneLeave", "SceneLine", "SceneStart", "SceneState", "SceneTurn", "SceneUpdate", "SessionEnd", "SessionStart", "TTSChunk", "ToolCall", "Welcome"]}],
+			"ack_of": [{"type": "string", "enum": ["ASRFinal", "ASRPartial", "Ack", "AudioChunk", "Cutoff", "Error", "IntentRequest", "IntentUpdate", "LLMStreamDelta", "NPCState", "PlayerUtterance", "SceneAmbient", "SceneEnd", "SceneJoin", "SceneLeave", "SceneLine", "SceneStart", "SceneState", "SceneTurn", "SceneUpdate", "SessionEnd", "SessionStart", "TTSChunk", "ToolCall", "Welcome"]}],
 			"status": [{"type": "string", "enum": ["ok", "error", "rejected", "duplicate"]}],
 			"turn_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}, {"type": "null"}],
 			"call_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}, {"type": "null"}],
@@ -165,6 +166,20 @@ const DEFS = {
 			"player_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}, {"type": "null"}],
 		},
 	},
+	"SceneAmbient": {
+		"required": ["schema_version", "type", "scene_id", "session_id", "turn_id"],
+		"fields": {
+			"schema_version": [{"type": "string", "const": "v1"}],
+			"type": [{"type": "string", "const": "SceneAmbient"}],
+			"scene_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"session_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"turn_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"lines": [{"type": "integer", "maximum": 30, "minimum": 1}],
+			"opener": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}, {"type": "null"}],
+			"topic": [{"type": "string", "max_length": 1000}, {"type": "null"}],
+			"priority": [{"type": "string", "enum": ["silver", "bronze"]}],
+		},
+	},
 	"SceneEnd": {
 		"required": ["schema_version", "type", "scene_id", "session_id"],
 		"fields": {
@@ -247,7 +262,7 @@ const DEFS = {
 			"turn_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
 			"speakers": [{"type": "array", "items": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}], "max_items": 16}],
 			"turn_ids": [{"type": "array", "items": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}], "max_items": 16}],
-			"chosen_by": [{"type": "string", "enum": ["name", "to", "selector", "nobody"]}],
+			"chosen_by": [{"type": "string", "enum": ["name", "to", "selector", "nobody", "ambient"]}],
 		},
 	},
 	"SceneUpdate": {
