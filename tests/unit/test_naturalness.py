@@ -203,6 +203,11 @@ def test_a_reply_written_as_another_characters_line_is_caught() -> None:
     assert speaks_as("**Edda Strand**: The gate shuts at ten.", others) == "**Edda Strand**:"
     assert speaks_as("Marla, the gate shuts at ten.", others) is None
     assert speaks_as("Ask Marla: she knows.", others) is None
+    # A name misspelt, another character's title and name, the player: a script's labels.
+    assert speaks_as("Marlas: ah.", others) == "Marlas:"
+    assert speaks_as("Countess Isolde Morvaines: I am sorry.", others) is not None
+    assert speaks_as("The player: and then?", others) == "The player:"
+    assert speaks_as("Market Street: that is where.", others) is None
     said, finding = _stream(LineFilter(others=others), _tokens("Marla: Ah, you're here."))
     assert said == "" and finding is not None and finding.kind == "narration"
     said, finding = _stream(LineFilter(others=others), _tokens("Aye. Ask Marla: she knows."))
@@ -218,6 +223,12 @@ def test_words_heard_from_another_character_are_not_said_back_as_ones_own() -> N
     check = LineFilter(earlier=heard_lines(history), hold_words=0)
     said, finding = _stream(check, _tokens("Aye. The curfew begins at the tenth bell."))
     assert finding is not None and finding.kind == "repeat" and said == "Aye. "
+    # Among NPCs talking ambiently, a short sentence said again is a repeat too.
+    said, finding = _stream(LineFilter(earlier=["No, no."]), _tokens("No, no."))
+    assert finding is None
+    check = LineFilter(earlier=["No, no."], repeat_words=1)
+    said, finding = _stream(check, _tokens("No, no."))
+    assert finding is not None and finding.kind == "repeat"
 
 
 def test_a_clean_replys_first_phrase_leaves_on_the_same_token_as_without_the_filter() -> None:

@@ -406,3 +406,56 @@ def test_the_base_configuration_differs_from_mythic_only_in_its_adapters(tmp_pat
     for one in (mythic, base, baseline):
         assert one.engine.seed == 3 and not one.memory.enabled and not one.speech.enabled
         assert one.server.warm_npcs == 0 and one.archetypes.provision == "off"
+
+
+def test_the_scene_check_plays_groups_of_three_each_line_naming_its_npc() -> None:
+    from mythic.cli._quality import SCORECARD
+    from mythic.cli._quality._scenes import AMBIENT_LINES, made_up_name, scene_plans
+    from mythic.scenes import address_forms, addressed
+
+    world = load_world(EXAMPLE_WORLD)
+    plan = build_plan(world, checks=["scenes"])
+    assert len(plan.scenes) == 2 and AMBIENT_LINES == 30
+    first, second = plan.scenes
+    assert len(first.npcs) == len(second.npcs) == 3 and not set(first.npcs) & set(second.npcs)
+    for scene in plan.scenes:
+        forms = {n: address_forms(world.npcs[n].name, world.npcs[n].backstory) for n in scene.npcs}
+        # The server's own addressing picks the NPC each line is for.
+        for probe in [scene.told, *scene.addressed]:
+            assert addressed(probe.question, forms)[:1] == [probe.npc], probe.question
+        assert scene.outsider is not None and scene.outsider not in scene.npcs
+        assert scene.leak is not None and scene.leak.npc == scene.outsider
+        made = scene.leak.forbid
+        assert len(made) == 2 and " ".join(made) in scene.told.question
+        assert not {w.lower() for w in made} & plan.known  # no card or lore says it
+    assert made_up_name(frozenset(), 0) != made_up_name(frozenset(), 1)
+    # Fewer than three NPCs: not checked, and why.
+    small = build_plan(world, npcs=sorted(world.npcs)[:2], checks=["scenes"])
+    assert small.scenes == [] and small.not_checked[-1].check == "scenes"
+    assert scene_plans(small, SCORECARD) == []
+
+
+def test_scene_lines_labelled_as_another_characters_and_ambient_loops_are_counted() -> None:
+    from mythic.cli._quality._scenes import ambient_stats, own_line
+    from mythic.cli._quality._scorecard import tally
+
+    others = ("Edda Strand", "Edda", "Strand")
+    assert own_line("Aye, the gate shuts at ten. Ask Edda, she knows.", others)
+    assert not own_line("Edda: The gate shuts at ten.", others)
+    assert not own_line("The gate shuts. **Strand**: at ten, mind.", others)
+    lines = [
+        ("a", "The fog came in thick off the marsh tonight."),
+        ("b", "Thick as porridge, and twice as cold."),
+        ("a", "The fog came in thick off the marsh tonight!"),
+        ("b", "Thick as porridge, and twice as cold, I tell you."),
+    ]
+    stats = ambient_stats(lines, 30)
+    assert stats["said"] == 4 and stats["asked"] == 30
+    assert [loop["npc"] for loop in stats["loops"]] == ["a", "b"]
+    assert ambient_stats(lines[:2], 2)["loops"] == []
+    # Said back and forth, a short line is a loop too.
+    short = ambient_stats([("a", "No, no."), ("b", "Grisk,"), ("a", "no, no!")], 3)
+    assert [loop["line"] for loop in short["loops"]] == ["no, no!"]
+    totals = tally([], [], [stats])
+    assert totals["ambient_loops"]["count"] == 2
+    assert totals["ambient_said"] == {"passed": 4, "of": 30, "rate": round(4 / 30, 4)}

@@ -151,7 +151,7 @@ def eval_quality(
         typer.Option(
             "--checks",
             help="Checks to run, comma-separated: lore, taboos, in_character, assistant_speak, "
-            "relevance, greetings, actions, long_conversation (default: all).",
+            "relevance, greetings, actions, long_conversation, scenes (default: all).",
         ),
     ] = "",
     turns: Annotated[

@@ -15,7 +15,7 @@ from mythic.dialogue._cast import (
 )
 from mythic.dialogue._character import Scene
 from mythic.dialogue._chat import Chat, PlayerInputError, open_chat
-from mythic.dialogue._events import Hold, Reply
+from mythic.dialogue._events import AMBIENT_NOTE, Hold, Reply
 from mythic.dialogue._line_filter import LineFilter
 from mythic.dialogue._mailbox import Lane, Mailbox, MailboxClosedError, MailboxFullError
 from mythic.dialogue._naturalness import (
@@ -70,6 +70,7 @@ from mythic.dialogue._window import KV_FILL, fill_kv
 from mythic.knowledge import persona_prompt
 
 __all__ = [
+    "AMBIENT_NOTE",
     "ASSISTANT_SPEAK",
     "INTENTS",
     "INTERRUPTED_NOTE",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from mythic.archetypes import AdapterTask
 from mythic.contracts import SceneObject
+from mythic.dialogue._events import AMBIENT_NOTE
 from mythic.dialogue._moves import Classified
 from mythic.dialogue._naturalness import name_forms, secrets_of
 from mythic.dialogue._refusals import REMINDED, reminder
@@ -106,6 +107,7 @@ class Character:
             introduction(world, persona),
             ANSWER_NOTE,
             *(reminder(kind, self.short_name) for kind in REMINDED),
+            AMBIENT_NOTE,
         ]
         """What the prompt calls the NPC ("a ghoul of Ravenmoor") and what a try generated
         again is told (`reminder`): never said by the NPC."""

@@ -59,6 +59,22 @@ class Hold:
         return self.state == "released"
 
 
+AMBIENT_NOTE = (
+    "is talking with you now, not a traveller: answer them as yourself, in one or two short "
+    "sentences of your own, and add something new (news, an opinion, a question for them)."
+)
+"""Told before another character's line in an ambient exchange, after who says it
+(`ambient_note`)."""
+
+
+def ambient_note(speaker: str) -> str:
+    """The system message before an ambient line: who says it, and how to answer. The line
+    itself is the user message, as a player's would be: shown as a script ("Name: line",
+    "Name says to you: ..."), the small models go on writing the script, everyone's lines;
+    told after it, they read the note back."""
+    return f"{speaker} {AMBIENT_NOTE}"
+
+
 @dataclass(slots=True, frozen=True)
 class PlayerLine:
     """The player said something to the NPC (SPEECH lane)."""
@@ -80,7 +96,8 @@ class PlayerLine:
     """A preemptive reply's gate: its output waits for `Hold.release` (see `Hold`)."""
     speaker: str | None = None
     """Who said the line when not the player: another NPC of a scene, by name (the prompt
-    shows `Name: line`, and memory keeps it as something heard, not the player's words)."""
+    shows `Name: line`, an ambient line's prompt names them after it; memory keeps it as
+    something heard, not the player's words)."""
     reply: asyncio.Future[Reply] | None = None
     """Set when the turn ends (whatever ends it): what the NPC said and why it stopped (a
     scene waits on it before the next speaker)."""
@@ -97,6 +114,8 @@ class PlayerLine:
     @property
     def said(self) -> str:
         """The line as the NPC's prompt shows it."""
+        if self.ambient:
+            return self.text  # who said it is told after it (`ambient_note`)
         return f"{self.speaker}: {self.text}" if self.speaker else self.text
 
     def settle(self, said: str, reason: str) -> None:

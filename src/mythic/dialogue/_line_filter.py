@@ -99,6 +99,10 @@ class LineFilter:
     others: Sequence[str] = ()
     """The names of the world's other characters: a reply that begins as one's line
     ("Marla: ...") speaks for them (`speaks_as`)."""
+    repeat_words: int = 4
+    """Sentences this short or longer must not repeat an earlier one (`repeats`); shorter
+    ones ("Aye.") may recur. 1 among NPCs talking ambiently, where "No, no." said back and
+    forth is a loop."""
     hold_words: int = 6
     released: str = ""
     _held: str = ""
@@ -253,7 +257,7 @@ class LineFilter:
         # word for word, is caught at its first clause rather than once it is all out.
         said = begins_as(sentence, before)
         if final or SENTENCE_END.search(piece + " ") is not None:
-            said = said or repeats(sentence, before)
+            said = said or repeats(sentence, before, min_words=self.repeat_words)
             if said is None:
                 self._said.append(sentence)
                 self._sentence = ""

@@ -48,7 +48,7 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("cannot assist",
          r"\b(I|we) (can'?t|cannot|am unable to|'m unable to|am not able to) (assist|help|provide"
          r"|comply|fulfil+)\b"),
-        ("I'm sorry, but", r"\bI'?m sorry,? but I\b|\bI apologi[sz]e,? but\b"),
+        ("I'm sorry, but", r"\bI(?:'?m| am) sorry,? but I\b|\bI apologi[sz]e,? but\b"),
         ("as an AI",
          r"\b(as an?|I'?m an?|I am an?|I'?m just an?|I am just an?|I'?m only an?)\s+(AI|A\.I\.|"
          r"artificial intelligence|(large )?language model|virtual assistant|chat ?bot|assistant"
@@ -59,7 +59,7 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
          r"\b(language model|LLM|chat ?GPT|OpenAI|Alibaba|Qwen|neural network)\b"),
         ("no feelings",
          r"\bI (don'?t|do not) have (personal )?(feelings|emotions|opinions|a body|a physical"
-         r"|access to|real-time|the ability)\b"
+         r"|access to|real-time|the (?:ability|capability|capacity))\b"
          r"|\bI have no (physical body|body|emotions|feelings|personal (feelings|opinions))\b"
          r"|\b(not capable|incapable) of (experiencing|feeling|having)\b"),
         ("training data", r"\b(my )?(training data|knowledge cut-?off|trained (on|by))\b"),
@@ -98,6 +98,7 @@ _TITLES = frozenset(
     the old young captain father mother sister brother lord lady count countess duke duchess
     baron baroness sir dame saint st magister master mistress doctor dr sheriff mayor marshal
     deputy judge reverend preacher madam miss mister mr mrs ms elder widow uncle aunt granny
+    grandma grandpa
 """.split()  # noqa: SIM905 - a word list reads better as words
 )
 # After one's own name, these make it a third-person statement ("Marla keeps the tavern").
@@ -174,14 +175,29 @@ def narrates_self(text: str, forms: Sequence[str]) -> str | None:
     return label.group(0).strip() if label else None
 
 
+_SCRIPT_LABEL = re.compile(
+    r"\s*\**(?:the player|(?P<title>(?-i:[A-Z])[\w']*)(?:\s+(?-i:[A-Z])[\w'-]*){1,3})\**\s*:"
+    r"(?=\s|$)",
+    re.IGNORECASE,
+)
+"""A reply's start labelled as a script's line: "The player:", or a title and a name and a
+colon ("Countess Isolde Morvaines:", "Grandma Veyra:")."""
+
+
 def speaks_as(text: str, others: Sequence[str]) -> str | None:
     """The label where `text` begins as another character's line ("Marla: (smiling) ...",
-    "**Edda Strand**:"), the NPC writing a scene's script rather than its own line, or None."""
-    if not others:
-        return None
+    "**Edda Strand**:", a name misspelt, "The player:"), the NPC writing a scene's script
+    rather than its own line, or None. `others`: the other characters' name forms."""
     names = "|".join(re.escape(f) for f in others)
-    label = re.match(rf"\s*\**(?:{names})\**\s*:", text)
-    return label.group(0).strip() if label else None
+    if names:
+        label = re.match(rf"\s*\**(?:{names})[\w']{{0,3}}\**\s*:", text)
+        if label:
+            return label.group(0).strip()
+    label = _SCRIPT_LABEL.match(text)
+    if label is None:
+        return None
+    title = label.group("title")
+    return label.group(0).strip() if title is None or title.lower() in _TITLES else None
 
 
 def addressed_as_self(text: str, forms: Sequence[str]) -> str | None:

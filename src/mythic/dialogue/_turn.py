@@ -26,7 +26,7 @@ from mythic.config import ChatSettings
 from mythic.contracts import LLMStreamDelta
 from mythic.dialogue._character import Character
 from mythic.dialogue._decision import Decider, Decision
-from mythic.dialogue._events import PlayerLine
+from mythic.dialogue._events import PlayerLine, ambient_note
 from mythic.dialogue._intents import Intents, error_message
 from mythic.dialogue._line_filter import LineFilter
 from mythic.dialogue._naturalness import Finding, greeting_lead, greets, opening, sentences
@@ -167,12 +167,14 @@ class Turns:
                 session_id, line.text, spoken=spoken
             )
             out.answer = context.answer_note()
+            if line.ambient and line.speaker is not None:
+                out.before = (ChatMessage("system", ambient_note(line.speaker)),)
 
             async def tail_again() -> list[ChatMessage]:
                 again = await self.window.context(session_id, line.text)
                 cut = self.window.spoken_cut(again) if spoken else again
                 out.context = self.window.record_context(cut.messages)
-                return [*out.context, user, *out.answer]
+                return [*out.context, *out.before, user, *out.answer]
 
             # An ambient line (NPCs among themselves) decides nothing: its gold decision
             # would run before every player's line.
@@ -253,7 +255,7 @@ class Turns:
                 memory.record_turn(npc_id, line.player_id, session_id, "player", line.text)
             else:  # another NPC of a scene spoke to this one
                 memory.record_event(
-                    npc_id, line.player_id, session_id, f"Heard nearby: {line.said}"
+                    npc_id, line.player_id, session_id, f"Heard nearby: {line.speaker}: {line.text}"
                 )
             if said:
                 memory.record_turn(npc_id, line.player_id, session_id, "npc", said)
@@ -264,7 +266,7 @@ class Turns:
         if out.history_open:
             history.append(ChatMessage("assistant", kept or "..."))
         elif kept:  # the context told stays with its exchange: it is not told again
-            history += [*out.context, user, ChatMessage("assistant", kept)]
+            history += [*out.context, *out.before, user, ChatMessage("assistant", kept)]
         session.trim(stage.settings.chat.history_turns)
         self.last = TurnRecord(
             session_id,
@@ -299,7 +301,14 @@ class Turns:
         lead = self._lead(out.line, history)
         if not dialogue.line_filter:
             reply = self.generate(
-                out, history, *out.context, user, *out.answer, tail_again=tail_again, lead=lead
+                out,
+                history,
+                *out.context,
+                *out.before,
+                user,
+                *out.answer,
+                tail_again=tail_again,
+                lead=lead,
             )
             async with contextlib.aclosing(reply):
                 async for text in reply:
@@ -319,7 +328,10 @@ class Turns:
 
         for attempt in range(dialogue.regenerate_tries + 1):
             check = self._line_filter(
-                history, user.content, out.line.text if out.line.speaker else None
+                history,
+                user.content,
+                out.line.text if out.line.speaker else None,
+                ambient=out.line.ambient,
             )
             out.reason = "stop"
 
@@ -330,6 +342,7 @@ class Turns:
                 out,
                 history,
                 *out.context,
+                *out.before,
                 user,
                 *out.answer,
                 *extra,
@@ -389,6 +402,10 @@ class Turns:
             )
         assert finding is not None
         out.reason = "stop"
+        if out.line.ambient:
+            # Among themselves, a refusal ("Come again? Speak plainly.") is no line to a
+            # fellow NPC: the line ends with what was said (nothing: the exchange ends).
+            return
         # Every try caught: the NPC refuses, in words not yet said in this conversation:
         # finishing the sentence whose first clause went out ("I am Marla," "and there it
         # ends."), else breaking off what it had begun to say.
@@ -401,10 +418,16 @@ class Turns:
             yield ("— " if given else "") + refusal
 
     def _line_filter(
-        self, history: list[ChatMessage], line: str, speaker_line: str | None = None
+        self,
+        history: list[ChatMessage],
+        line: str,
+        speaker_line: str | None = None,
+        *,
+        ambient: bool = False,
     ) -> LineFilter:
         """The checks of one reply in a conversation whose messages so far are `history`;
-        `speaker_line`: the words of another character the reply answers (a scene's)."""
+        `speaker_line`: the words of another character the reply answers (a scene's);
+        `ambient`: among NPCs talking, no sentence of any length is said again."""
         character = self.character
         said = replies_in(history)
         heard = [m.content for m in history if m.role == "user"]
@@ -423,6 +446,7 @@ class Turns:
             asked=line,
             known=character.known,
             others=character.others,
+            repeat_words=1 if ambient else 4,
             hold_words=self.stage.settings.dialogue.first_phrase_words,
         )
 
@@ -574,6 +598,8 @@ class TurnOutput:
         self.context: list[ChatMessage] = []
         """The turn's context message (lore, scene), sent just before the line."""
         self.answer: tuple[ChatMessage, ...] = ()
+        self.before: tuple[ChatMessage, ...] = ()
+        """Told just before the line: who says an ambient line to the NPC (`ambient_note`)."""
         """The line answering the player's question, told after it
         (`LineContext.answer_note`); never kept in the history."""
         self._pieces: list[str] = []

@@ -62,9 +62,6 @@ _CONTEXT_LINES = 6
 """Lines of the scene the selector's prompt shows before the one it decides for."""
 PLAYER = "player"
 """The speaker of a player's lines in a scene's log."""
-DIRECTION = "Stage direction"
-"""Who says the line that starts NPCs talking among themselves (the game's cue, not a
-character's words: nobody remembers it as said)."""
 _PRIORITY = {"silver": Priority.SILVER, "bronze": Priority.BRONZE}
 
 
@@ -287,7 +284,12 @@ class Scenes:
         others hear it. Stops early when a line is empty, cut off, or its NPC has left."""
         priority = _PRIORITY[cue.priority]
         npc_id = cue.opener or scene.npcs[0]
-        text, said_by, answered = self._cue(scene, npc_id, cue.topic), DIRECTION, cue.turn_id
+        asker = next(n for n in scene.npcs if n != npc_id)
+        # The cue: the opener is asked by another of the scene (a question the small models
+        # answer as a character, where a stage direction is read back). Nobody said it: no
+        # one heard it or remembers it.
+        text, said_by, answered = self._cue(cue.topic), self._name(asker), cue.turn_id
+        cued = True
         base = cue.turn_id[:120]
         for k in range(1, cue.lines + 1):
             turn_id = f"{base}.{k}"
@@ -300,8 +302,7 @@ class Scenes:
                 turn_id,
                 text,
                 said_by,
-                # The cue is the game's, not a character's: nobody's memory keeps it.
-                None if said_by == DIRECTION else player_id,
+                None if cued else player_id,  # the cue is nobody's: no memory keeps it
                 tools=False,
                 priority=priority,
             )
@@ -318,6 +319,7 @@ class Scenes:
             if nxt is None:
                 return
             npc_id, text, said_by, answered = nxt, said, self._name(npc_id), turn_id
+            cued = False
 
     async def _say(
         self,
@@ -354,13 +356,10 @@ class Scenes:
         scene.speaking = None
         return answer
 
-    def _cue(self, scene: Scene, npc_id: str, topic: str | None) -> str:
-        """The game's cue to the NPC who starts talking with the others of `scene`."""
-        others = [self._name(n) for n in scene.npcs if n != npc_id]
-        who = others[0] if len(others) == 1 else ", ".join(others[:-1]) + " and " + others[-1]
-        about = f" about {topic}" if topic else ""
-        verb = "is" if len(others) == 1 else "are"
-        return f"{who} {verb} here with you. Say something to them{about}."
+    @staticmethod
+    def _cue(topic: str | None) -> str:
+        """What starts NPCs talking among themselves: the game's topic, else the news."""
+        return f"What do you make of {topic}?" if topic else "What news today?"
 
     def _next_talker(self, scene: Scene, said: str, speaker: str) -> str | None:
         """Who answers `speaker`'s ambient line: an NPC it names, else the next after it."""

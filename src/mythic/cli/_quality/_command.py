@@ -16,6 +16,7 @@ from mythic.cli._quality._judge import Reply
 from mythic.cli._quality._plan import build_plan, load_quality_world
 from mythic.cli._quality._probe import NotChecked
 from mythic.cli._quality._run import run_quality
+from mythic.cli._quality._scenes import AMBIENT_LINES
 from mythic.cli._quality._scorecard import code_version, scorecard, table
 from mythic.cli._quality._templates import CHECKS, Configuration
 from mythic.config import MythicSettings
@@ -67,6 +68,7 @@ def run_command(
         )
         lines = sum(len(p) for n in plan.npcs for p in n.probes.values())
         lines += sum(len(n.conversation) for n in plan.npcs)
+        lines += sum(len(s.addressed) + 2 + AMBIENT_LINES for s in plan.scenes)
         err.print(
             f"{lines} lines x {len(configurations)} configuration(s) "
             f"({', '.join(configurations)}) for {len(plan.npcs)} NPC(s) on "

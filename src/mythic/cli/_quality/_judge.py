@@ -233,6 +233,7 @@ def _main_check(probe: Probe) -> str:
         "greetings": "length_kept",
         "actions": "coherent",
         "long_conversation": "answered",
+        "scenes": "own_line",
     }[probe.check]
 
 

@@ -28,6 +28,7 @@ from mythic.cli._quality._probe import (
     ngrams,
     relative_source,
 )
+from mythic.cli._quality._scenes import scene_plans
 from mythic.cli._quality._situations import (
     action_probes,
     greeting_probes,
@@ -175,6 +176,8 @@ def build_plan(
                 world, npc_id, persona, lore, turns, plan, templates
             )
         plan.npcs.append(npc)
+    if "scenes" in checks:
+        plan.scenes = scene_plans(plan, templates)
     if "assistant_speak" in checks and not any(
         c in checks for c in CHECKS if c != "assistant_speak"
     ):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mythic.cli._quality._templates import PROMPT_ECHO_WORDS
 from mythic.dialogue import normalise
@@ -81,6 +82,8 @@ class Plan:
     """Words the world writes capitalised inside a sentence: names, not a sentence's start."""
     known: frozenset[str] = frozenset()
     """Every word the world's cards and lore say (`world_words`): its names, its things."""
+    scenes: list[Any] = field(default_factory=list)
+    """The scene check's scenes (`ScenePlan`s), when it runs."""
 
 
 def relative_source(path: Path, root: Path) -> str:

@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ class ConfigRun:
     replies: dict[str, list[Reply]]
     conversations: dict[str, dict[str, Any]]
     seconds: float
+    ambient: list[dict[str, Any]] = field(default_factory=list)
+    """Per scene of the scene check, its ambient exchange (`ambient_stats`)."""
 
 
 OnReply = Callable[[Configuration, str, Reply, int, int], None]
@@ -153,6 +155,7 @@ async def run_quality(
                             tasks.create_task(
                                 npc_run.run(gate, checks, replies[npc.npc], conversations)
                             )
+                ambient = await _scenes(run, plan, engine, replies, name, on_reply)
                 runs.append(
                     ConfigRun(
                         name,
@@ -160,11 +163,40 @@ async def run_quality(
                         replies,
                         conversations,
                         time.perf_counter() - started,
+                        ambient,
                     )
                 )
     finally:
         engine.close()
     return runs, model
+
+
+async def _scenes(
+    run: MythicSettings,
+    plan: Plan,
+    engine: Any,
+    replies: dict[str, list[Reply]],
+    name: Configuration,
+    on_reply: OnReply | None,
+) -> list[dict[str, Any]]:
+    """The scene check on a server of its own: no decisions, NPCs answering only the
+    player's lines (each scene's `max_exchanges` 0), then the ambient exchanges."""
+    from mythic.cli._quality._scenes import SceneRun
+    from mythic.server import Gateway, serving
+
+    if "scenes" not in plan.checks or not plan.scenes:
+        return []
+    served = run.model_copy(update={"dialogue": run.dialogue.model_copy(update={"decide": False})})
+    gateway = await asyncio.to_thread(Gateway, served, plan.world, engine)
+    counts: dict[str, int] = {}
+
+    def told(npc_id: str, reply: Reply) -> None:
+        counts[npc_id] = counts.get(npc_id, 0) + 1
+        if on_reply is not None:
+            on_reply(name, npc_id, reply, counts[npc_id], counts[npc_id])
+
+    async with serving(gateway) as (host, port):
+        return await SceneRun(f"{host}:{port}", plan, told).run(plan.scenes, replies)
 
 
 def _has_work(npc: NPCPlan, checks: Sequence[str]) -> bool:

@@ -56,6 +56,15 @@ ROWS = (
     Row("near_repeats", "sentences repeated near-verbatim", "long_conversation", "count"),
     Row("distinct_2", "distinct-2 (long conversations)", "long_conversation", "mean"),
     Row("holds_up", "last turn answers as well as turn 2", "long_conversation", "rate"),
+    Row("scene_addressed", "the NPC a scene's line names answers", "scenes", "rate", "100%",
+        lambda v: v >= 1.0),
+    Row("scene_own_lines", "scene lines that are their NPC's own", "scenes", "rate", "100%",
+        lambda v: v >= 1.0),
+    Row("scene_no_leak", "NPCs outside a scene know nothing of it", "scenes", "rate", "100%",
+        lambda v: v >= 1.0),
+    Row("ambient_loops", "ambient lines looping (30-line scenes)", "scenes", "count", "0",
+        lambda v: v == 0),
+    Row("ambient_said", "ambient lines said, of those asked", "scenes", "rate"),
 )  # fmt: skip
 
 
@@ -65,8 +74,13 @@ def _rate(replies: Sequence[Reply], check: str, name: str) -> dict[str, Any]:
     return {"passed": passed, "of": len(relevant)}
 
 
-def tally(replies: Sequence[Reply], conversations: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Every row of the scorecard over some replies (one NPC's, or all)."""
+def tally(
+    replies: Sequence[Reply],
+    conversations: Sequence[dict[str, Any]],
+    ambient: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """Every row of the scorecard over some replies (one NPC's, or all) and the scene
+    check's ambient exchanges."""
     said = [r for r in replies if r.error is None]
     actions = [r for r in replies if r.probe.check == "actions"]
     none_wanted = [r for r in actions if "no_spurious_call" in r.checks]
@@ -111,12 +125,25 @@ def tally(replies: Sequence[Reply], conversations: Sequence[dict[str, Any]]) -> 
             "of": len(distinct),
         },
         "holds_up": {"passed": sum(c["holds_up"] for c in held), "of": len(held)},
+        "scene_addressed": _rate(replies, "scenes", "addressed"),
+        "scene_own_lines": _rate(replies, "scenes", "own_line"),
+        "scene_no_leak": _rate(replies, "scenes", "no_leak"),
+        "ambient_loops": {
+            "count": sum(len(a["loops"]) for a in ambient),
+            "of": len(ambient),
+            "examples": [loop for a in ambient for loop in a["loops"]][:5],
+        },
+        "ambient_said": {
+            "passed": sum(a["said"] for a in ambient),
+            "of": sum(a["asked"] for a in ambient),
+        },
         "errors": sum(r.error is not None for r in replies),
         "replies": len(replies),
         "regenerated": _regenerated(said),
     }
     for key in ("lore", "taboos", "in_character", "length", "relevance", "catchphrase",
-                "actions", "intent", "holds_up"):  # fmt: skip
+                "actions", "intent", "holds_up", "scene_addressed", "scene_own_lines",
+                "scene_no_leak", "ambient_said"):  # fmt: skip
         stat = out[key]
         stat["rate"] = round(stat["passed"] / stat["of"], 4) if stat["of"] else None
     out["spurious"]["rate"] = (
@@ -231,7 +258,7 @@ def scorecard(
     configurations: dict[str, Any] = {}
     for run in runs:
         everything = [r for replies in run.replies.values() for r in replies]
-        totals = tally(everything, list(run.conversations.values()))
+        totals = tally(everything, list(run.conversations.values()), run.ambient)
         npcs = {
             npc: {
                 **{
@@ -259,6 +286,7 @@ def scorecard(
                 if k in {r.key for r in rows} or k in ("errors", "replies", "regenerated")
             },
             "npcs": npcs,
+            **({"scenes": run.ambient} if run.ambient else {}),
         }
     targets = {}
     for row in rows:

@@ -15,9 +15,11 @@ CHECKS = (
     "greetings",
     "actions",
     "long_conversation",
+    "scenes",
 )
 """The checks of the scorecard, in the order they run (`--checks`). `assistant_speak` counts
-AI-isms, self-narration and over-long replies over every reply of the run."""
+AI-isms, self-narration and over-long replies over every reply of the run; `scenes` plays
+scenes of three NPCs (who answers, whose line, who knows, ambient loops)."""
 
 Configuration = Literal["mythic", "baseline", "base"]
 """`mythic`: the settings as configured; `baseline`: retrieval, adapters, the reply filter and
