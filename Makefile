@@ -182,6 +182,7 @@ bench: setup llama-server
 	$(PY) bench/moves.py --rounds 1
 	$(PY) bench/decision.py --rounds 1
 	$(PY) bench/server_load.py --quick
+	$(PY) bench/scenes.py --quick
 	$(PY) bench/frame.py --seconds 5 --sizes 1000 --rounds 1
 	$(PY) bench/voice.py --speakers 1 --lines 4
 	$(PY) bench/soak.py --quick --no-voice

@@ -1065,7 +1065,71 @@ def _threads() -> str:
     return f"Model {data['model']}.\n\n" + table + "\n" + _source("threads.json", data)
 
 
+def _scenes() -> str:
+    data = _load("scenes.json")
+    res = data["results"]
+    rows = []
+    for path, label in (("scene", "in a scene"), ("one_to_one", "one-to-one")):
+        r = res[path]
+        rows.append(
+            [
+                label,
+                f"{r['answered_by_named']}/{r['lines']}",
+                str(r["errors"]),
+                _ms(r["ttft_ms"]["p50"]),
+                _ms(r["ttft_ms"]["p95"]),
+                f"{_x(r['ratio_p50'])}, {_x(r['ratio_p95'])}",
+            ]
+        )
+    header = ["lines said", "answered by the NPC named", "errors", "TTFT p50", "TTFT p95"]
+    header += ["against one-to-one p50, p95"]
+    sizes = ", ".join(map(str, res["scene_sizes"]))
+    return (
+        f"Model {data['model']}, {data['scenes']} players at once, {data['lines']} lines each "
+        f"over {data['rounds']} rounds, {data['max_tokens']} tokens a reply; scenes of "
+        f"{sizes} NPCs; baseline: {data['baseline']}.\n\n"
+        + _table(header, rows)
+        + "\n"
+        + _source("scenes.json", data)
+    )
+
+
+def _scenes_quality() -> str:
+    rows = []
+    keys = (
+        ("scene_addressed", "the NPC a line names answers"),
+        ("scene_own_lines", "lines that are their NPC's own"),
+        ("scene_no_leak", "NPCs outside know nothing of it"),
+        ("ambient_loops", "ambient lines looping"),
+        ("ambient_said", "ambient lines said, of those asked"),
+    )
+    worlds = []
+    for world in ("ravenmoor", "coldiron"):
+        name = f"quality_scenes_{world}.json"
+        if not (RESULTS / name).is_file():
+            continue
+        data = _load(name)
+        worlds.append((data["world"], data, name))
+    for key, label in keys:
+        row = [label]
+        for _, data, _ in worlds:
+            for config in ("mythic", "baseline"):
+                stat = data["configurations"].get(config, {}).get("totals", {}).get(key)
+                if stat is None:
+                    row.append("-")
+                elif "count" in stat and "passed" not in stat:
+                    row.append(str(stat["count"]))
+                else:
+                    row.append(f"{stat['passed']}/{stat['of']}")
+        rows.append(row)
+    header = ["check"] + [f"{w} {c}" for w, _, _ in worlds for c in ("mythic", "baseline")]
+    sources = " ".join(_source(name, data) for _, data, name in worlds)
+    return _table(header, rows) + "\n" + sources
+
+
 PERFORMANCE_TABLES: dict[str, Callable[[], str]] = {
+    "scenes": _scenes,
+    "scenes_quality": _scenes_quality,
     "decision": _decision,
     "threads": _threads,
     "eval_archetypes": _eval_archetypes,

@@ -434,6 +434,8 @@ class Turns:
         # What others of a scene said in its hearing is not its own line to say again: an
         # NPC answering another says more than the words it was told.
         others = [*heard_lines(history), *([speaker_line] if speaker_line else [])]
+        if ambient:  # among NPCs, nor what the player said to it: "Dolly, tell me about ..."
+            others += [m.content for m in history if m.role == "user"]
         return LineFilter(
             forms=character.name_forms,
             secrets=character.secrets,
