@@ -544,6 +544,9 @@ async def test_npcs_talk_among_themselves_each_line_answered_and_heard_by_the_ot
         )
         lines = await ambient_lines(ws, "amb", 4)
         assert len(lines) == 4
+        # Over: the last line is answered by nobody (a client knows the exchange ended).
+        end = await until_type(ws, SceneTurn)
+        assert (end.turn_id, end.speakers, end.chosen_by) == ("amb.4", (), "nobody")
         speakers = [turn.speakers[0] for turn, _, _ in lines]
         # The opener starts; nobody answers themself; each line answers the one before.
         assert speakers[0] == "captain_strand"

@@ -279,9 +279,19 @@ class Scenes:
     async def _chatter(
         self, scene: Scene, session_id: str, player_id: str | None, cue: SceneAmbient
     ) -> None:
+        """The ambient exchange `cue` asks for (`_chat`); when it is over (not stopped by a
+        player), a `SceneTurn` with no speakers says its last line is answered by nobody."""
+        last = await self._chat(scene, session_id, player_id, cue)
+        self._tell_turn(scene, last, (), (), "nobody")
+
+    async def _chat(
+        self, scene: Scene, session_id: str, player_id: str | None, cue: SceneAmbient
+    ) -> str:
         """NPCs talk among themselves: the opener starts on the game's cue; each line is
         answered by an NPC it names, else by the next NPC of the scene after its speaker; the
-        others hear it. Stops early when a line is empty, cut off, or its NPC has left."""
+        others hear it. An NPC with nothing to say (an empty line) passes the line to the next;
+        the exchange stops early at two empty lines in a row, a line cut off, or its NPC
+        gone. Returns the turn of its last line (the cue's when none was said)."""
         priority = _PRIORITY[cue.priority]
         npc_id = cue.opener or scene.npcs[0]
         asker = next(n for n in scene.npcs if n != npc_id)
@@ -289,7 +299,7 @@ class Scenes:
         # answer as a character, where a stage direction is read back). Nobody said it: no
         # one heard it or remembers it.
         text, said_by, answered = self._cue(cue.topic), self._name(asker), cue.turn_id
-        cued = True
+        cued, said_from, silent = True, asker, False
         base = cue.turn_id[:120]
         for k in range(1, cue.lines + 1):
             turn_id = f"{base}.{k}"
@@ -307,19 +317,35 @@ class Scenes:
                 priority=priority,
             )
             if answer is None:
-                return
+                return answered
             said = answer.text.strip()
-            if not said or answer.reason not in ("stop", "length"):
-                return  # nothing said, or broken off (a player spoke to it)
+            if answer.reason not in ("stop", "length"):
+                return turn_id  # broken off (a player spoke to it)
+            if not said:
+                # Nothing it could say (every try caught): another of the scene answers the
+                # same line; two silences in a row end the exchange.
+                other = self._after(scene, npc_id, but=(npc_id, said_from))
+                if silent or other is None:
+                    return turn_id
+                npc_id, silent = other, True
+                continue
+            silent = False
             scene.record(npc_id, turn_id, said)
             nxt = self._next_talker(scene, said, npc_id) if k < cue.lines else None
             self._overhear(
                 scene, session_id, player_id, f"{self._name(npc_id)}: {said}", but=(npc_id, nxt)
             )
             if nxt is None:
-                return
-            npc_id, text, said_by, answered = nxt, said, self._name(npc_id), turn_id
+                return turn_id
+            npc_id, text, said_by, answered, said_from = (
+                nxt,
+                said,
+                self._name(npc_id),
+                turn_id,
+                npc_id,
+            )
             cued = False
+        return answered
 
     async def _say(
         self,
@@ -366,13 +392,14 @@ class Scenes:
         named = self._named(scene, said, speaker)
         if named:
             return named[0]
-        others = [n for n in scene.npcs if n != speaker]
-        if not others:
-            return None
-        if speaker not in scene.npcs:
-            return others[0]
-        at = scene.npcs.index(speaker)
-        return scene.npcs[(at + 1) % len(scene.npcs)]
+        return self._after(scene, speaker, but=(speaker,))
+
+    @staticmethod
+    def _after(scene: Scene, npc_id: str, *, but: tuple[str, ...]) -> str | None:
+        """The first NPC of the scene after `npc_id`, in the order they joined, not in `but`."""
+        at = scene.npcs.index(npc_id) + 1 if npc_id in scene.npcs else 0
+        order = scene.npcs[at:] + scene.npcs[:at]
+        return next((n for n in order if n not in but), None)
 
     async def _choose(
         self, scene: Scene, session_id: str, line: SceneLine

@@ -288,18 +288,19 @@ class SceneRun:
         lines: list[tuple[str, str]] = []
         for k in range(1, AMBIENT_LINES + 1):
             started = time.perf_counter()
-            turn = await self._turn(ws, f"{base}.{k}")
+            turn = await self._turn(ws, f"{base}.{k}", ends=base)
             if not turn.speakers:
-                break
+                break  # the exchange is over: a SceneTurn with no speakers
             speaker = turn.speakers[0]
             text = turn.text(speaker)
             probe = Probe(speaker, "scenes", "(ambient)", "template", "ambient")
             reply = Reply(probe, text, time.perf_counter() - started, error=turn.error)
             self._judge(reply, speaker, scene)
             self._keep(speaker, reply, replies)
-            if turn.finish not in ("stop", "length") or not text:
+            if turn.finish not in ("stop", "length"):
                 break
-            lines.append((speaker, text))
+            if text:  # an NPC with nothing to say passes the line on
+                lines.append((speaker, text))
         return lines
 
     def _judge(self, reply: Reply, speaker: str, scene: ScenePlan) -> None:
@@ -324,12 +325,21 @@ class SceneRun:
             if message.get("type") == "Error":
                 raise RuntimeError(f"the server refused: {message.get('message')}")
 
-    async def _turn(self, ws: Any, turn_id: str) -> _Turn:
-        """Everything of `turn_id` up to its final delta: who answers, what each NPC said."""
+    async def _turn(self, ws: Any, turn_id: str, *, ends: str | None = None) -> _Turn:
+        """Everything of `turn_id` up to its final delta: who answers, what each NPC said.
+        `ends`: an ambient exchange's turn; a SceneTurn of no speakers for one of its lines
+        says it is over (the turn comes back with no speakers)."""
         turn = _Turn()
         while True:
             message = await self._recv(ws)
             kind = message.get("type")
+            if (
+                kind == "SceneTurn"
+                and ends is not None
+                and not message.get("speakers")
+                and str(message.get("turn_id", "")).startswith(ends)
+            ):
+                return turn
             if kind == "SceneTurn" and turn_id in message.get("turn_ids", ()):
                 turn.speakers = tuple(message["speakers"])
             elif kind == "LLMStreamDelta" and message.get("turn_id") == turn_id:
