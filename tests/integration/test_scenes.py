@@ -667,3 +667,30 @@ async def test_ambient_chatter_never_delays_a_players_line_in_the_engines_trace(
         if beside.get(c.request_id) and c.prefill and len(step.chunks) > 1
     ]
     assert max(chunks) > settings.engine.prefill_chunk, chunks
+
+
+async def test_npcs_of_a_one_npc_scene_cannot_talk_among_themselves(
+    server: tuple[str, Gateway],
+) -> None:
+    address, gateway = server
+    async with await _raw(address) as ws:
+        session = await _start(ws)
+        await open_scene(ws, session, "alone", ("bran",))
+        await ws.send(
+            frame("SceneAmbient", scene_id="alone", session_id=session, turn_id="a-1", lines=30)
+        )
+        error = await until_type(ws, Error)
+        assert (error.code, error.ref, error.turn_id) == (
+            "too_few_npcs",
+            "SceneAmbient.scene_id",
+            "a-1",
+        )
+        # The scene is unharmed: a second NPC joins, and then they talk.
+        assert gateway.scenes.scenes["alone"].npcs == ["bran"]
+        await ws.send(frame("SceneJoin", scene_id="alone", session_id=session, npc_id="marla"))
+        await until_type(ws, SceneState)
+        await ws.send(
+            frame("SceneAmbient", scene_id="alone", session_id=session, turn_id="a-2", lines=1)
+        )
+        [(turn, _, reason)] = await ambient_lines(ws, "a-2", 1)
+        assert turn.speakers == ("bran",) and reason in ("stop", "length", "")
