@@ -3,9 +3,11 @@ embedded model (SmolLM2 talks and summarizes, Qwen 0.5B decides)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -171,3 +173,76 @@ async def test_postgres_cut_off_mid_conversation_loses_no_event_once_back(
             assert stats.replayed + stats.duplicates == stats.spooled >= 6
     turns, distinct = await rows(postgres_dsn, "p-pg", "turn")
     assert turns == distinct == 8  # four lines and four replies, each once
+
+
+async def test_the_games_date_dates_an_npcs_memories_and_a_bad_date_is_refused(
+    smollm: Engine,
+    settings: MythicSettings,
+    tmp_path: Path,
+    redis_prefix: str,
+    postgres_dsn: str,
+) -> None:
+    """SceneUpdate.date over the WebSocket: the NPC's prompt says the date in the world's
+    calendar, its memories in PostgreSQL carry the game time, and a day later in the game
+    (minutes later for the player) it remembers the conversation as yesterday's. A date the
+    calendar lacks gets bad_game_date; the session and the date already set survive."""
+    from mythic.contracts import Error, LLMStreamDelta
+    from tests.integration.test_scenes import recv
+    from tests.integration.test_server import _raw, _recv
+
+    memory = Memory(memory_settings(tmp_path, redis_prefix, postgres_dsn))
+    async with running(
+        (smollm, smollm), settings, memory=memory, chat=CHAT, dialogue={"decide": False}
+    ) as (address, gateway):
+        calendar = gateway.cast.world.card.calendar
+        async with await _raw(address) as ws:
+            await ws.send('{"schema_version":"v1","type":"SessionStart","player_id":"wren-1"}')
+            session = (await _recv(ws)).session_id
+
+            def update(**fields: Any) -> str:
+                return json.dumps(
+                    {"schema_version": "v1", "type": "SceneUpdate", "npc_id": "marla"} | fields
+                )
+
+            await ws.send(update(date="612-11-3", time="20:00"))
+            for bad in ("612-13-1", "612-11-31"):
+                await ws.send(update(date=bad))
+                error = await _recv(ws)
+                assert isinstance(error, Error) and error.code == "bad_game_date", error
+                assert error.ref == "SceneUpdate.date" and bad in error.message
+            await ws.send(
+                json.dumps(
+                    {
+                        "schema_version": "v1",
+                        "type": "PlayerUtterance",
+                        "npc_id": "marla",
+                        "session_id": session,
+                        "turn_id": "t-1",
+                        "text": "Evening. I'm Wren, and I'll take a room for the night.",
+                    }
+                )
+            )
+            while not ((message := await recv(ws)).type == "LLMStreamDelta" and message.final):
+                assert not isinstance(message, Error), message
+            assert isinstance(message, LLMStreamDelta)
+            npc = await get(address, "/v1/npcs/marla")
+            said = "the 3rd of Mistmonth, the year 612 of the Drowning"
+            assert npc["scene"]["said_date"] == said  # the bad dates changed nothing
+            assert '"date":"' + said in npc["context"]
+            memory.summarize("marla", "wren-1", session)
+            await memory.settle()
+            evening = calendar.minutes("612-11-3", "20:00")
+            db = await asyncpg.connect(postgres_dsn)
+            try:
+                stored = await db.fetch(
+                    "SELECT kind, game_time FROM memory_events WHERE player_id = 'wren-1'"
+                )
+            finally:
+                await db.close()
+            assert {r["kind"] for r in stored} >= {"turn", "summary"}
+            assert {r["game_time"] for r in stored} == {evening}
+            # The next evening in the game: the conversation is yesterday's.
+            await ws.send(update(date="612-11-4", time="19:00"))
+            await until(lambda: memory.game_now.get("marla") == evening + 1380)
+            section = memory.context("marla", "wren-1", session_id="another")
+            assert section is not None and "- yesterday: " in section

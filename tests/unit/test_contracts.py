@@ -105,6 +105,7 @@ SAMPLES: list[Message] = [
         npc_id="barkeep_01",
         zone="market",
         time="21:10",
+        date="612-11-3",
         objects=(SceneObject(id="guard_3", dist=5.1), SceneObject(id="player", dist=1.2)),
     ),
     IntentRequest(
@@ -535,6 +536,12 @@ BAD_FRAMES: list[tuple[str, str | bytes, str, str | None]] = [
         '"objects":[{"id":"x","dist":1e999}]}',
         "invalid_message",
         "SceneUpdate.objects.0.dist",
+    ),
+    (
+        "a game date that is not year-month-day",
+        _frame("SceneUpdate", npc_id="a", date="3rd of Mistmonth"),
+        "invalid_message",
+        "SceneUpdate.date",
     ),
     (
         "negative distance",

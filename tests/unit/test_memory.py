@@ -218,7 +218,7 @@ async def test_the_archive_stores_each_event_once_and_migrates_idempotently(
 ) -> None:
     cold = SqliteCold(tmp_path / "archive.sqlite3")
     try:
-        assert [m.version for m in await cold.migrate()] == [1]
+        assert [m.version for m in await cold.migrate()] == [1, 2]
         assert await cold.migrate() == []
         events = [turn(f"line {i}", float(i)) for i in range(250)]
         assert await cold.append(events[:100]) == 100
@@ -317,6 +317,57 @@ async def test_memory_survives_a_restart_and_expires_from_warm_after_the_window(
         assert shown["cold"]["events"] == len(kinds) >= 6
         assert {"turn", "event", "fact", "card", "summary", "emotion"} <= set(kinds)
         json.dumps(shown)  # printable by `mythic memory show --json`
+
+
+async def test_memories_are_dated_and_fade_by_the_games_calendar_not_the_wall_clock(
+    tmp_path: Path,
+) -> None:
+    """The game tells each NPC its date (SceneUpdate.date): every record carries it, the
+    summary of a conversation held yesterday in the game is "yesterday" though only minutes
+    passed for the player, and a fact fades by the game's days."""
+    from mythic.knowledge import Calendar
+
+    calendar = Calendar()
+    clock = ManualClock(1_000 * DAY_S)
+    day1 = calendar.minutes("12-3-14", "20:00")
+    async with Memory(_settings(tmp_path), clock=clock) as memory:
+        memory.game_ago = calendar.ago
+        memory.set_game_time("marla", day1)
+        said = memory.record_turn("marla", "p1", "s1", "player", "I brought you a silver ring.")
+        memory.record_turn("marla", "p1", "s1", "npc", "Oh! It's lovely. Thank you.")
+        memory.record_event(
+            "marla", "p1", "s1", "give_item ok", fact=Fact("the player gave Marla a ring", 7)
+        )
+        memory.summarize("marla", "p1", "s1")
+        await memory.settle()
+        assert said.game_time == day1
+        clock.advance(600)  # ten minutes for the player; a night and a day in the game
+        memory.set_game_time("marla", calendar.minutes("12-3-15", "21:00"))
+        text = memory.context("marla", "p1", session_id="s2")
+        assert text is not None
+        assert "- yesterday: " in text and "the player gave Marla a ring (yesterday)" in text
+        stored = await memory.cold.history(HistoryQuery(player_id="p1"))
+        assert stored and {e.game_time for e in stored} == {day1}
+    # A new process: warm gives the dates back, and two game weeks on, the summary is said
+    # as the game's "2 weeks ago" and the fact has faded (half-life: a week of game days).
+    async with Memory(_settings(tmp_path), clock=clock) as memory:
+        memory.game_ago = calendar.ago
+        await memory.prefetch("marla", "p1")
+        later = calendar.minutes("12-3-28", "09:00")
+        memory.set_game_time("marla", later)
+        text = memory.context("marla", "p1", session_id="s3")
+        assert text is not None and "- 2 weeks ago: " in text
+        entry = memory.recall("marla", "p1")
+        assert entry is not None and entry.facts[0].game_time == day1
+        fact = entry.facts[0]
+        faded = fact.score(clock.now(), memory.settings.fact_half_life_days, later)
+        fresh = fact.score(clock.now(), memory.settings.fact_half_life_days)  # wall clock
+        assert faded < fresh / 3
+    # An NPC the game never told the date: wall-clock ages, as before.
+    async with Memory(_settings(tmp_path), clock=clock) as memory:
+        await memory.prefetch("marla", "p1")
+        text = memory.context("marla", "p1", session_id="s4")
+        assert text is not None and "- today: " in text
 
 
 async def test_forget_removes_a_player_from_every_tier(tmp_path: Path) -> None:

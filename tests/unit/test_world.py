@@ -188,3 +188,60 @@ def test_a_faction_must_be_declared_by_its_cards_and_its_lore(tmp_path: Path) ->
     problems = problems_of(root)
     assert any("edda.yaml" in p and "unknown faction 'night_watch'" in p for p in problems)
     assert any("thieves" in p and "world.yaml does not declare" in p for p in problems)
+
+
+def test_a_world_calendar_dates_the_game_and_says_how_long_ago() -> None:
+    from mythic.knowledge import Calendar, GameDateError
+
+    for world in ("ravenmoor", "coldiron"):
+        calendar = load_world(HELD_OUT_WORLD.parent / world).card.calendar
+        assert len(calendar.months) == 12
+    coldiron = load_world(HELD_OUT_WORLD).card.calendar
+    now = coldiron.minutes("11-8-9", "14:30")
+    assert coldiron.say(now) == "the 9th of Ashfall, year 11 of the Strike"
+    assert coldiron.minutes("11-8-10") - coldiron.minutes("11-8-9") == 1440
+    ago = {
+        "11-8-9": "earlier today",
+        "11-8-8": "yesterday",
+        "11-8-5": "4 days ago",
+        "11-7-30": "last week",
+        "11-7-20": "2 weeks ago",
+        "11-5-1": "last summer",
+        "11-7-1": "in Harvest",
+        "10-8-1": "a year ago",
+        "10-4-1": "last year",
+        "7-8-1": "4 years ago",
+        "11-8-20": "later",  # a save from before: nothing is "ago"
+    }
+    for date, said in ago.items():
+        assert coldiron.ago(coldiron.minutes(date), now) == said, date
+    # Left out: the Gregorian months, and "the 1st", "the 22nd", "the 13th".
+    gregorian = Calendar()
+    assert gregorian.say(gregorian.minutes("5-2-22")) == "the 22nd of February, year 5"
+    assert gregorian.say(gregorian.minutes("5-2-13")) == "the 13th of February, year 5"
+    for bad, match in (
+        ("11-13-1", "12 months"),
+        ("11-2-31", "February has 28"),
+        ("11-0-1", "month 0"),
+        ("eleven", "year-month-day"),
+    ):
+        with pytest.raises(GameDateError, match=match):
+            gregorian.minutes(bad)
+    with pytest.raises(GameDateError, match="HH:MM"):
+        gregorian.minutes("1-1-1", "25:00")
+
+
+@pytest.mark.parametrize(
+    ("calendar", "expected"),
+    [
+        ("calendar:\n  months: []\n", "calendar.months: List should have at least 1"),
+        ("calendar:\n  months:\n    - {name: Frost, days: 0}\n", "calendar.months.0.days"),
+        ('calendar:\n  year: "year of the Strike"\n', "calendar.year: Value error, a year"),
+        ('calendar:\n  year: "{n} {y}"\n', "no other braces"),
+        ("calendar:\n  weeks: 4\n", "calendar.weeks"),
+    ],
+)
+def test_a_malformed_calendar_names_its_field(tmp_path: Path, calendar: str, expected: str) -> None:
+    root = make_world(tmp_path, {"marla.yaml": GOOD_CARD})
+    (root / "world.yaml").write_text(WORLD_YAML + calendar)
+    assert any(expected in p for p in problems_of(root)), problems_of(root)

@@ -469,16 +469,20 @@ export class MythicClient {
     return turn;
   }
 
-  /** Tells an NPC what it perceives now (`objects`: id -> distance); fields left out stay. */
+  /**
+   * Tells an NPC what it perceives now (`objects`: id -> distance) and the game's `date`
+   * (`year-month-day` in the world's calendar) and `time` (`HH:MM`); fields left out stay.
+   */
   async scene(
     npcId: string,
-    update: { zone?: string; time?: string; objects?: Record<string, number> } = {},
+    update: { zone?: string; time?: string; date?: string; objects?: Record<string, number> } = {},
   ): Promise<void> {
     await this.send({
       type: "SceneUpdate",
       npc_id: npcId,
       ...(update.zone !== undefined && { zone: update.zone }),
       ...(update.time !== undefined && { time: update.time }),
+      ...(update.date !== undefined && { date: update.date }),
       ...(update.objects !== undefined && {
         objects: Object.entries(update.objects).map(([id, dist]) => ({ id, dist })),
       }),

@@ -558,14 +558,16 @@ namespace Mythic.Client
         }
 
         /// <summary>Tells an NPC what it perceives now (<paramref name="objects"/>: id to distance in
-        /// metres); what is left null stays as it was.</summary>
-        public Task SceneAsync(string npcId, string zone = null, string time = null, IDictionary<string, double> objects = null)
+        /// metres) and the game's <paramref name="date"/> (year-month-day in the world's calendar)
+        /// and <paramref name="time"/> (HH:MM); what is left null stays as it was.</summary>
+        public Task SceneAsync(string npcId, string zone = null, string time = null, IDictionary<string, double> objects = null, string date = null)
         {
             return SendAsync(new SceneUpdate
             {
                 NpcId = npcId,
                 Zone = zone,
                 Time = time,
+                Date = date,
                 Objects = objects == null ? null : objects.Select(o => new SceneObject { Id = o.Key, Dist = o.Value }).ToList(),
             });
         }

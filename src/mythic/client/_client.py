@@ -563,13 +563,16 @@ class MythicClient:
         zone: str | None = None,
         time: str | None = None,
         objects: dict[str, float] | None = None,
+        date: str | None = None,
     ) -> None:
-        """Tell an NPC what it perceives (`objects`: id -> distance)."""
+        """Tell an NPC what it perceives (`objects`: id -> distance) and the game's `date`
+        (`year-month-day` in the world's calendar) and `time` (`HH:MM`)."""
         await self.send(
             SceneUpdate(
                 npc_id=npc_id,
                 zone=zone,
                 time=time,
+                date=date,
                 objects=(
                     tuple(SceneObject(id=k, dist=float(v)) for k, v in objects.items())
                     if objects is not None

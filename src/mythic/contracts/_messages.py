@@ -22,6 +22,7 @@ from mythic.contracts._types import (
     Code,
     Distance,
     FalseFlag,
+    GameDate,
     GameTime,
     Id,
     JsonObject,
@@ -268,6 +269,10 @@ class SceneUpdate(_Envelope):
     """The zone the NPC is in (`market`)."""
     time: GameTime | None = None
     """Time of day in the game world, `HH:MM`."""
+    date: GameDate | None = None
+    """The game's date, `year-month-day` in the world's calendar: the NPC's memories are
+    dated by it (with `time`), "yesterday" and "last winter" are the game's, and old
+    memories fade by its days. A date not in the calendar gets `bad_game_date`."""
     objects: Annotated[tuple[SceneObject, ...], Field(max_length=MAX_SCENE_OBJECTS)] | None = None
     """What is near the NPC, replacing the previous list; an empty list means nothing is."""
 

@@ -178,6 +178,12 @@ GameTime = Annotated[
 ]
 """Time of day in the game world, `HH:MM` on a 24-hour clock."""
 
+GameDate = Annotated[
+    str, StringConstraints(strict=True, pattern=r"^[0-9]{1,6}-[0-9]{1,3}-[0-9]{1,3}$")
+]
+"""A date in the world's calendar (`calendar:` in world.yaml), `year-month-day`, months and
+days counted from 1 (`11-9-21`: the 21st of the ninth month of year 11)."""
+
 Seconds = Annotated[float, Strict(), Field(ge=0)]
 """A non-negative, finite number of seconds."""
 

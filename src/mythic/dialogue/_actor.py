@@ -269,8 +269,14 @@ class NPCActor:
                     scene.zone = update.zone
                 if update.time is not None:
                     scene.time = update.time
+                if update.date is not None:
+                    scene.date = update.date
                 if update.objects is not None:
                     scene.objects = update.objects
+                if update.date is not None or update.time is not None:
+                    scene.date_with(self.stage.world.card.calendar)
+                    if self.stage.memory is not None and scene.game_time is not None:
+                        self.stage.memory.set_game_time(self.npc_id, scene.game_time)
             case PrepareLine():
                 self.prefill.hint(event, tasks)
             case PlayerPaused(session_id=session_id):

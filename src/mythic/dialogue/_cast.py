@@ -271,6 +271,8 @@ class Cast:
                     StopTurn(session_id, message.turn_id, message.reason, heard)
                 )
             case SceneUpdate():
+                if message.date is not None:  # refused here, with its field, not in the actor
+                    self.world.card.calendar.minutes(message.date, message.time)
                 self.actor(message.npc_id).deliver(SceneChange(message))
             case IntentRequest():
                 self.actor(message.npc_id).deliver(AskIntent(session_id, message))
@@ -358,6 +360,7 @@ class Cast:
                 npc_id: NPCInfo(p.name.split(",")[0], f"a {p.archetype} in {world.name}")
                 for npc_id, p in world.npcs.items()
             }
+            self.stage.memory.game_ago = world.card.calendar.ago
 
     @staticmethod
     def check_world(world: World) -> None:

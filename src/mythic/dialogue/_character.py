@@ -17,7 +17,15 @@ from mythic.dialogue._refusals import REMINDED, reminder
 from mythic.dialogue._stage import Stage
 from mythic.dialogue._tools import npc_tools
 from mythic.engine import ChatMessage, GenerationRequest, UnknownAdapterError
-from mythic.knowledge import ANSWER_NOTE, PROMPT_RULES, SceneState, introduction, persona_prompt
+from mythic.knowledge import (
+    ANSWER_NOTE,
+    PROMPT_RULES,
+    Calendar,
+    GameDateError,
+    SceneState,
+    introduction,
+    persona_prompt,
+)
 from mythic.knowledge import SceneObject as KnownObject
 from mythic.route import EndpointRejectedError, RoutedStream, canned_line
 
@@ -31,11 +39,19 @@ class Scene:
     zone: str | None = None
     time: str | None = None
     objects: tuple[SceneObject, ...] = ()
+    date: str | None = None
+    """The game's date (`year-month-day` in the world's calendar), as the game sent it."""
+    game_time: int | None = None
+    """`date` and `time` in minutes of the world's calendar: what memories are dated with."""
+    said_date: str | None = None
+    """`date` as the NPC says it ("the 9th of Ashfall, year 11 of the Strike")."""
 
     def describe(self) -> str | None:
         parts = []
         if self.zone:
             parts.append(f"zone {self.zone}")
+        if self.said_date:
+            parts.append(f"date {self.said_date}")
         if self.time:
             parts.append(f"time {self.time}")
         if self.objects:
@@ -45,8 +61,25 @@ class Scene:
 
     def state(self) -> SceneState:
         return SceneState(
-            self.zone, self.time, tuple(KnownObject(o.id, o.dist) for o in self.objects)
+            self.zone,
+            self.time,
+            tuple(KnownObject(o.id, o.dist) for o in self.objects),
+            self.said_date,
         )
+
+    def date_with(self, calendar: Calendar) -> None:
+        """Work out `game_time` and `said_date` from `date` and `time` in `calendar` (both
+        None without a date, or with one the calendar no longer has: a world reloaded).
+        """
+        self.game_time = self.said_date = None
+        if self.date is None:
+            return
+        try:
+            self.game_time = calendar.minutes(self.date, self.time)
+        except GameDateError as exc:
+            log.warning("scene date left out: %s", exc)
+            return
+        self.said_date = calendar.say(self.game_time)
 
     def targets(self) -> list[str]:
         """What the NPC may face or act on: the player and what is near."""

@@ -12,6 +12,7 @@ A world is a folder::
 `## Persona`, `## Lore`, `## Recent Memory` and `## Scene` within token budgets.
 """
 
+from mythic.knowledge._calendar import Calendar, GameDateError, Month
 from mythic.knowledge._cards import WorldLoadError, WorldProblem
 from mythic.knowledge._chunks import Chunk, chunk_text
 from mythic.knowledge._embed import Embedder, KnowledgeError, MiniLM, shared_embedder
@@ -56,8 +57,10 @@ __all__ = [
     "MORE_LORE",
     "PROMPT_RULES",
     "Budgets",
+    "Calendar",
     "Chunk",
     "Embedder",
+    "GameDateError",
     "Hit",
     "Index",
     "Knowledge",
@@ -65,6 +68,7 @@ __all__ = [
     "KnowledgeStats",
     "LoreDoc",
     "MiniLM",
+    "Month",
     "Packed",
     "Persona",
     "Query",

@@ -56,6 +56,8 @@ class SceneState:
     zone: str | None = None
     time: str | None = None
     objects: tuple[SceneObject, ...] = ()
+    date: str | None = None
+    """The game's date as the NPC says it ("the 9th of Ashfall, year 11 of the Strike")."""
 
     def tags(self) -> tuple[str, ...]:
         """Tags for retrieval: the zone and the kinds of nearby things (`guard_3` -> guard)."""
@@ -171,6 +173,8 @@ def _render_scene(scene: SceneState, nearby: list[str]) -> str | None:
     data: dict[str, object] = {}
     if scene.zone:
         data["zone"] = scene.zone
+    if scene.date:
+        data["date"] = scene.date
     if scene.time:
         data["time"] = scene.time
     if nearby:

@@ -20,6 +20,7 @@ from pydantic import (
     field_validator,
 )
 
+from mythic.knowledge._calendar import Calendar
 from mythic.knowledge._cards import (
     MAX_CARD_BYTES,
     WorldLoadError,
@@ -170,6 +171,9 @@ class WorldCard(_Card):
     """The places of the world by id (a slug); a persona's `zone` names one of them."""
     factions: dict[Slug, Faction] = Field(default_factory=dict)
     """The world's factions by id (a slug); a persona's `faction` names one of them."""
+    calendar: Calendar = Field(default_factory=Calendar)
+    """The game's months, seasons and how a year is said (`SceneUpdate.date` is a date in
+    it); left out, the Gregorian months."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,10 +227,13 @@ class World:
 
     def texts(self) -> list[str]:
         """Everything the world's cards and lore say: its and its zones' descriptions, every
-        card's name, style, rules, taboos, catchphrases and backstory, every lore text."""
+        card's name, style, rules, taboos, catchphrases and backstory, every lore text, and
+        the calendar's months when world.yaml names them."""
         card = self.card
         texts = [card.description, *(z.description for z in card.zones.values())]
         texts += [t for f in card.factions.values() for t in (f.name, f.description)]
+        if "calendar" in card.model_fields_set:
+            texts.append(" ".join(m.name for m in card.calendar.months))
         for p in self.npcs.values():
             texts += [p.name, p.style, *p.rules, *p.taboos, *p.catchphrases, p.backstory or ""]
         return texts + [doc.text for doc in self.lore]

@@ -6,6 +6,8 @@ import time
 from typing import Protocol
 
 DAY_S = 86_400.0
+GAME_MINUTES_PER_DAY = 1440
+"""A game day in game minutes, the unit of `game_time` (the game's calendar)."""
 
 
 class Clock(Protocol):

@@ -33,7 +33,7 @@ SNAPSHOT_KINDS = ("card", "fact", "emotion")
 """Kinds whose older rows a compaction may drop: each row is a snapshot that a newer one of the
 same NPCxplayer supersedes. Turns, events and summaries are never compacted."""
 
-_COLUMNS = "event_id, kind, npc_id, player_id, session_id, role, ts, text, data"
+_COLUMNS = "event_id, kind, npc_id, player_id, session_id, role, ts, text, data, game_time"
 
 
 class MigrationError(MemoryStoreError):
@@ -97,6 +97,7 @@ def _event(row: Any, data: Any) -> MemoryEvent | None:
                 "ts": row[6],
                 "text": row[7],
                 "data": json.loads(data) if isinstance(data, str) else data,
+                "game_time": row[9],
             }
         )
     except (CorruptRecordError, ValueError) as exc:
@@ -192,7 +193,7 @@ class PostgresCold:
             "append",
             f"WITH ins AS (INSERT INTO memory_events ({_COLUMNS}) "
             "SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], "
-            "$6::text[], $7::float8[], $8::text[], $9::jsonb[]) "
+            "$6::text[], $7::float8[], $8::text[], $9::jsonb[], $10::bigint[]) "
             "ON CONFLICT (event_id) DO NOTHING RETURNING 1) SELECT count(*) FROM ins",
             *(list(c) for c in columns),
         )
@@ -253,6 +254,7 @@ def _row(e: MemoryEvent) -> tuple[Any, ...]:
         e.ts,
         e.text,
         _json(e.data),
+        e.game_time,
     )
 
 
@@ -327,7 +329,7 @@ class SqliteCold:
         def work(db: sqlite3.Connection) -> int:
             before = db.total_changes
             db.executemany(
-                f"INSERT OR IGNORE INTO memory_events ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
+                f"INSERT OR IGNORE INTO memory_events ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 [_row(e) for e in events],
             )
             return db.total_changes - before

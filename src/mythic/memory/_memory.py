@@ -97,6 +97,12 @@ class Memory:
         self.writer: Writer | None = None
         """Set by the dialogue layer: generates summaries at idle priority."""
         self.npcs: dict[str, NPCInfo] = {}
+        self.game_now: dict[str, int] = {}
+        """The game's time as each NPC was last told it (`set_game_time`), in minutes of the
+        world's calendar: every record of the NPC carries it."""
+        self.game_ago: Callable[[int, int], str] | None = None
+        """Set by the dialogue layer: how long ago a game time was, in the world's calendar
+        ("yesterday", "last winter": `knowledge.Calendar.ago`)."""
         self._warm_ops: deque[tuple[Pair, Callable[[], Awaitable[None]]]] = deque()
         self._warm_wake = asyncio.Event()
         self._warm_idle = asyncio.Event()
@@ -179,6 +185,14 @@ class Memory:
 
     # -- writes (synchronous: never await I/O) ------------------------------------------------
 
+    def set_game_time(self, npc_id: str, minutes: int | None) -> None:
+        """The game's date and time for `npc_id` now (minutes of the world's calendar; None:
+        not known): what its memories are dated with, and what their age is judged by."""
+        if minutes is None:
+            self.game_now.pop(npc_id, None)
+        else:
+            self.game_now[npc_id] = minutes
+
     def record_turn(
         self, npc_id: str, player_id: str, session_id: str | None, role: str, text: str
     ) -> MemoryEvent:
@@ -186,7 +200,14 @@ class Memory:
         cold behind."""
         pair = (npc_id, player_id)
         event = MemoryEvent.new(
-            "turn", npc_id, player_id, self.clock.now(), text, session_id=session_id, role=role
+            "turn",
+            npc_id,
+            player_id,
+            self.clock.now(),
+            text,
+            session_id=session_id,
+            role=role,
+            game_time=self.game_now.get(npc_id),
         )
         entry = self.hot.add_turn(pair, event)
         self._to_warm(pair, lambda: self.warm.append_turn(pair, event))
@@ -210,7 +231,14 @@ class Memory:
         pair = (npc_id, player_id)
         now = self.clock.now()
         event = MemoryEvent.new(
-            "event", npc_id, player_id, now, text, session_id=session_id, data=data
+            "event",
+            npc_id,
+            player_id,
+            now,
+            text,
+            session_id=session_id,
+            data=data,
+            game_time=self.game_now.get(npc_id),
         )
         self.hot.entry(pair)
         self.archiver.submit(event)
@@ -252,19 +280,24 @@ class Memory:
                 player_id,
                 card.updated_at,
                 data={"name": kind, "card": card.model_dump()},
+                game_time=self.game_now.get(npc_id),
             )
         )
         return card
 
-    def _merge_facts(self, pair: Pair, new: list[Fact], session_id: str | None) -> None:
+    def _merge_facts(
+        self, pair: Pair, new: list[Fact], session_id: str | None, game_time: int | None = None
+    ) -> None:
         entry = self.hot.entry(pair)
         now = self.clock.now()
+        game_now = self.game_now.get(pair[0])
         entry.facts = merge_facts(
             entry.facts,
-            new,
+            [f if f.game_time is not None else _dated(f, game_time) for f in new],
             now=now,
             max_facts=self.settings.max_facts,
             half_life_days=self.settings.fact_half_life_days,
+            game_now=game_now,
         )
         self.hot.changed(pair)
         facts = list(entry.facts)
@@ -276,6 +309,7 @@ class Memory:
                 now,
                 session_id=session_id,
                 data={"name": "facts", "facts": [f.to_dict() for f in facts]},
+                game_time=game_now,
             )
         )
 
@@ -379,6 +413,8 @@ class Memory:
             session_id=session_id,
             max_chars=limit,
             half_life_days=self.settings.fact_half_life_days,
+            game_now=self.game_now.get(npc_id),
+            game_ago=self.game_ago,
         )
 
     # -- summaries ----------------------------------------------------------------------------
@@ -426,10 +462,13 @@ class Memory:
             max_tokens=self.settings.summary_max_tokens,
         )
         now = self.clock.now()
+        # Dated when its conversation was, in the game (its last dated turn), not when the
+        # summary was written.
+        game_time = next((t.game_time for t in reversed(turns) if t.game_time is not None), None)
         entry = self.hot.entry(pair)
         taken = {t.event_id for t in turns}
         entry.pending = [t for t in entry.pending if t.event_id not in taken]
-        summary = Summary(done.summary, now, session_id)
+        summary = Summary(done.summary, now, session_id, game_time)
         entry.summaries = [*entry.summaries, summary][-6:]
         emotion = Emotion(now, done.valence, done.arousal)
         entry.emotions = [*entry.emotions, emotion][-32:]
@@ -444,6 +483,7 @@ class Memory:
                 done.summary,
                 session_id=session_id,
                 data={"turns": len(turns), "by_model": done.by_model},
+                game_time=game_time,
             )
         )
         self.archiver.submit(
@@ -453,10 +493,11 @@ class Memory:
                 now,
                 session_id=session_id,
                 data={"name": "emotion", "valence": done.valence, "arousal": done.arousal},
+                game_time=game_time,
             )
         )
         if done.facts:
-            self._merge_facts(pair, done.facts, session_id)
+            self._merge_facts(pair, done.facts, session_id, game_time)
         if done.by_model:
             self._update_relationship(pair, entry, done.valence, done.facts)
         self.stats.summaries += 1
@@ -567,6 +608,12 @@ def open_warm(settings: MemorySettings, clock: Clock) -> WarmStore:
     return FallbackWarm(redis, embedded)
 
 
+def _dated(fact: Fact, game_time: int | None) -> Fact:
+    if game_time is None:
+        return fact
+    return Fact(fact.text, fact.importance, fact.kind, fact.ts, fact.count, game_time)
+
+
 def _ago(seconds: float) -> str:
     days = int(seconds // DAY_S)
     if days <= 0:
@@ -581,8 +628,18 @@ def render_context(
     session_id: str | None,
     max_chars: int,
     half_life_days: float,
+    game_now: int | None = None,
+    game_ago: Callable[[int, int], str] | None = None,
 ) -> str | None:
-    """The `## Recent Memory` text of a hot entry, at most `max_chars` long."""
+    """The `## Recent Memory` text of a hot entry, at most `max_chars` long. A summary the
+    game dated is said as long ago in the game's calendar (`game_ago`, from `game_now`);
+    facts fade by the game's days when dated (`Fact.score`)."""
+
+    def ago(summary: Summary) -> str:
+        if game_now is not None and game_ago is not None and summary.game_time is not None:
+            return game_ago(summary.game_time, game_now)
+        return _ago(now - summary.ts)
+
     rel, quest = entry.relationship, entry.quest
     head: list[str] = []
     if rel.updated_at or rel.promises or rel.betrayals:
@@ -598,11 +655,19 @@ def render_context(
             + "; ".join(f"{q.title}" + (f" ({q.stage})" if q.stage else "") for q in quest.active)
             + "."
         )
+
+    def dated(fact: Fact) -> str:
+        if game_now is not None and game_ago is not None and fact.game_time is not None:
+            return f"- {fact.text} ({game_ago(fact.game_time, game_now)})"
+        return f"- {fact.text}"
+
     facts = [
-        f"- {f.text}"
-        for f in sorted(entry.facts, key=lambda f: f.score(now, half_life_days), reverse=True)
+        dated(f)
+        for f in sorted(
+            entry.facts, key=lambda f: f.score(now, half_life_days, game_now), reverse=True
+        )
     ]
-    summaries = [f"- {_ago(now - s.ts)}: {s.text}" for s in entry.summaries]
+    summaries = [f"- {ago(s)}: {s.text}" for s in entry.summaries]
     earlier = [t for t in entry.turns if t.session_id != session_id][-4:]
     last = [
         f"- {'The player' if t.role == 'player' else 'You'}: {' '.join(t.text.split())[:200]}"

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from mythic._errors import MythicError
-from mythic.memory._clock import DAY_S
+from mythic.memory._clock import DAY_S, GAME_MINUTES_PER_DAY
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,9 @@ class MemoryEvent:
     role: str | None = None
     """For turns: `player` or `npc`."""
     data: dict[str, Any] | None = None
+    game_time: int | None = None
+    """When it happened in the game's calendar, in minutes (`knowledge.Calendar.minutes`);
+    None when the game has not told the NPC the date."""
 
     @classmethod
     def new(
@@ -77,11 +80,12 @@ class MemoryEvent:
         session_id: str | None = None,
         role: str | None = None,
         data: dict[str, Any] | None = None,
+        game_time: int | None = None,
     ) -> MemoryEvent:
         # Time-ordered ids: sorting by id sorts by creation (the counter orders events of one
         # process within a microsecond); the random part keeps processes apart.
         event_id = f"{int(ts * 1_000_000):014x}-{next(_SEQUENCE):08x}-{uuid.uuid4().hex[:12]}"
-        return cls(event_id, kind, npc_id, player_id, ts, text, session_id, role, data)
+        return cls(event_id, kind, npc_id, player_id, ts, text, session_id, role, data, game_time)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,6 +110,7 @@ class MemoryEvent:
                 session_id=_opt_str(raw.get("session_id")),
                 role=_opt_str(raw.get("role")),
                 data=data if isinstance(data, dict) else None,
+                game_time=_opt_int(raw.get("game_time")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptRecordError(f"not a memory event: {exc}") from None
@@ -131,6 +136,14 @@ def _str(value: Any) -> str:
 
 def _opt_str(value: Any) -> str | None:
     return None if value is None else _str(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected a whole number, got {type(value).__name__}")
+    return value
 
 
 # -- memory cards -----------------------------------------------------------------------------
@@ -252,11 +265,17 @@ class Fact:
     ts: float = 0.0
     """When it last happened or was reinforced."""
     count: int = 1
+    game_time: int | None = None
+    """The same in the game's calendar, in minutes (None: the game never told the date)."""
 
-    def score(self, now: float, half_life_days: float) -> float:
+    def score(self, now: float, half_life_days: float, game_now: int | None = None) -> float:
         """Importance decayed by age: halves every `half_life_days`, 9 stays above 1 for a
-        month at the default week."""
-        age_days = max(0.0, now - self.ts) / DAY_S
+        month at the default week. The age is the game's days when the game tells its date
+        (`game_now`, and the fact's `game_time`), else the wall clock's."""
+        if game_now is not None and self.game_time is not None:
+            age_days = max(0, game_now - self.game_time) / GAME_MINUTES_PER_DAY
+        else:
+            age_days = max(0.0, now - self.ts) / DAY_S
         return float(self.importance * 0.5 ** (age_days / half_life_days))
 
     @classmethod
@@ -272,6 +291,7 @@ class Fact:
                 kind if kind in FACT_KINDS else "other",
                 float(raw.get("ts", 0.0)),
                 max(1, int(raw.get("count", 1))),
+                _opt_int(raw.get("game_time")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptRecordError(f"not a fact: {exc}") from None
@@ -344,24 +364,36 @@ def same_fact(a: str, b: str) -> bool:
 
 
 def merge_facts(
-    facts: list[Fact], new: list[Fact], *, now: float, max_facts: int, half_life_days: float
+    facts: list[Fact],
+    new: list[Fact],
+    *,
+    now: float,
+    max_facts: int,
+    half_life_days: float,
+    game_now: int | None = None,
 ) -> list[Fact]:
     """Merge `new` into `facts`: a duplicate reinforces the fact it repeats (newer wording,
     the higher importance, count + 1, time now) instead of being appended; then the
-    `max_facts` with the highest decayed score are kept, most salient first."""
-    merged = [Fact(f.text, f.importance, f.kind, f.ts, f.count) for f in facts]
+    `max_facts` with the highest decayed score are kept, most salient first. `game_now`: the
+    game's time (minutes of its calendar), when it tells it."""
+    merged = [Fact(f.text, f.importance, f.kind, f.ts, f.count, f.game_time) for f in facts]
     for fact in new:
+        when = fact.game_time if fact.game_time is not None else game_now
         for old in merged:
             if same_fact(old.text, fact.text):
                 old.text = fact.text
                 old.importance = max(old.importance, fact.importance)
                 old.kind = fact.kind if fact.kind != "other" else old.kind
                 old.ts = max(old.ts, fact.ts or now)
+                if when is not None:
+                    old.game_time = max(old.game_time or when, when)
                 old.count += 1
                 break
         else:
-            merged.append(Fact(fact.text, fact.importance, fact.kind, fact.ts or now, fact.count))
-    merged.sort(key=lambda f: f.score(now, half_life_days), reverse=True)
+            merged.append(
+                Fact(fact.text, fact.importance, fact.kind, fact.ts or now, fact.count, when)
+            )
+    merged.sort(key=lambda f: f.score(now, half_life_days, game_now), reverse=True)
     return merged[:max_facts]
 
 
@@ -372,11 +404,18 @@ class Summary:
     text: str
     ts: float
     session_id: str | None = None
+    game_time: int | None = None
+    """When, in the game's calendar (minutes; None: the game never told the date)."""
 
     @classmethod
     def from_dict(cls, raw: Any) -> Summary:
         try:
-            summary = cls(_str(raw["text"]), float(raw["ts"]), _opt_str(raw.get("session_id")))
+            summary = cls(
+                _str(raw["text"]),
+                float(raw["ts"]),
+                _opt_str(raw.get("session_id")),
+                _opt_int(raw.get("game_time")),
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptRecordError(f"not a summary: {exc}") from None
         if not math.isfinite(summary.ts):

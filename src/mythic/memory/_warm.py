@@ -139,6 +139,17 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def _summary(summary: Summary) -> dict[str, Any]:
+    value: dict[str, Any] = {
+        "text": summary.text,
+        "ts": summary.ts,
+        "session_id": summary.session_id,
+    }
+    if summary.game_time is not None:
+        value["game_time"] = summary.game_time
+    return value
+
+
 # -- Redis ------------------------------------------------------------------------------------
 
 
@@ -217,7 +228,7 @@ class RedisWarm:
         await self._run(f"add to {kind}", pipe.execute())
 
     async def add_summary(self, pair: Pair, summary: Summary) -> None:
-        value = _dumps({"text": summary.text, "ts": summary.ts, "session_id": summary.session_id})
+        value = _dumps(_summary(summary))
         await self._zadd(pair, "summaries", summary.ts, value, MAX_WARM_SUMMARIES)
 
     async def add_emotion(self, pair: Pair, emotion: Emotion) -> None:
@@ -346,7 +357,7 @@ class SqliteWarm:
         await self._run("append turn", work)
 
     async def add_summary(self, pair: Pair, summary: Summary) -> None:
-        value = _dumps({"text": summary.text, "ts": summary.ts, "session_id": summary.session_id})
+        value = _dumps(_summary(summary))
 
         def work(db: sqlite3.Connection) -> None:
             self._insert(db, pair, "summaries", summary.ts, value)

@@ -280,6 +280,9 @@ def npc_status(gateway: Gateway, npc_id: str) -> dict[str, Any]:
             "scene": {
                 "zone": actor.scene.zone,
                 "time": actor.scene.time,
+                "date": actor.scene.date,
+                "said_date": actor.scene.said_date,
+                "game_time": actor.scene.game_time,
                 "objects": [o.model_dump() for o in actor.scene.objects],
             },
             "memory": actor.remembered(),

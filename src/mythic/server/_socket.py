@@ -41,6 +41,7 @@ from mythic.contracts import (
     parse_client_message,
 )
 from mythic.dialogue import MailboxFullError, UnknownCallError, UnknownNPCError
+from mythic.knowledge import GameDateError
 from mythic.scenes import SceneError
 from mythic.server._app import Gateway
 from mythic.server._sessions import Session, SessionError
@@ -266,6 +267,8 @@ class Connection:
             self._fail("unknown_call", exc.message, ref="Ack.call_id", call_id=call_id)
         except MailboxFullError as exc:
             self._fail("npc_busy", exc.message, ref=message.type, turn_id=turn_id, retryable=True)
+        except GameDateError as exc:
+            self._fail(exc.code, exc.message, ref=f"{message.type}.date")
         except MythicError as exc:
             self._fail("refused", exc.message, ref=message.type, turn_id=turn_id)
         else:

@@ -343,14 +343,17 @@ func say(npc_id: String, text: String, turn_id := ""):
 	return turn
 
 
-# Tells an NPC what it perceives now: `zone`, `time` ("HH:MM") and `objects` (id -> distance);
-# an empty zone, time or null objects stay as they were. Null when sent, else a MythicError.
-func scene(npc_id: String, zone := "", time := "", objects = null):
+# Tells an NPC what it perceives now: `zone`, `time` ("HH:MM"), `objects` (id -> distance) and
+# the game's `date` ("year-month-day" in the world's calendar); an empty zone, time or date or
+# null objects stay as they were. Null when sent, else a MythicError.
+func scene(npc_id: String, zone := "", time := "", objects = null, date := ""):
 	var update := {"type": "SceneUpdate", "npc_id": npc_id}
 	if zone != "":
 		update["zone"] = zone
 	if time != "":
 		update["time"] = time
+	if date != "":
+		update["date"] = date
 	if objects != null:
 		var listed := []
 		for id in objects:

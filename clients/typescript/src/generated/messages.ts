@@ -309,6 +309,12 @@ export interface SceneUpdate {
    */
   time?: string | null;
   /**
+   * The game's date, `year-month-day` in the world's calendar: the NPC's memories are
+   * dated by it (with `time`), "yesterday" and "last winter" are the game's, and old
+   * memories fade by its days. A date not in the calendar gets `bad_game_date`.
+   */
+  date?: string | null;
+  /**
    * What is near the NPC, replacing the previous list; an empty list means nothing is.
    */
   objects?: SceneObject[] | null;

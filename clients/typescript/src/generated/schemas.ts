@@ -1078,6 +1078,20 @@ export const clientSchema = {
           "description": "Time of day in the game world, `HH:MM`.",
           "title": "Time"
         },
+        "date": {
+          "anyOf": [
+            {
+              "pattern": "^[0-9]{1,6}-[0-9]{1,3}-[0-9]{1,3}$",
+              "type": "string"
+            },
+            {
+              "type": "null"
+            }
+          ],
+          "default": null,
+          "description": "The game's date, `year-month-day` in the world's calendar: the NPC's memories are\ndated by it (with `time`), \"yesterday\" and \"last winter\" are the game's, and old\nmemories fade by its days. A date not in the calendar gets `bad_game_date`.",
+          "title": "Date"
+        },
         "objects": {
           "anyOf": [
             {

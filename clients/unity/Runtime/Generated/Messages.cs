@@ -1059,6 +1059,14 @@ namespace Mythic.Client
     public partial class SceneUpdate
     {
         /// <summary>
+        /// The game's date, `year-month-day` in the world's calendar: the NPC's memories are
+        /// dated by it (with `time`), "yesterday" and "last winter" are the game's, and old
+        /// memories fade by its days. A date not in the calendar gets `bad_game_date`.
+        /// </summary>
+        [JsonProperty("date")]
+        public string Date { get; set; }
+
+        /// <summary>
         /// The NPC whose surroundings these are.
         /// </summary>
         [JsonProperty("npc_id", Required = Required.Always)]

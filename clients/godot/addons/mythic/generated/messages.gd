@@ -273,6 +273,7 @@ const DEFS = {
 			"npc_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
 			"zone": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}, {"type": "null"}],
 			"time": [{"type": "string", "pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$"}, {"type": "null"}],
+			"date": [{"type": "string", "pattern": "^[0-9]{1,6}-[0-9]{1,3}-[0-9]{1,3}$"}, {"type": "null"}],
 			"objects": [{"type": "array", "items": [{"ref": "SceneObject"}], "max_items": 256}, {"type": "null"}],
 		},
 	},
