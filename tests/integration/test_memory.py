@@ -194,6 +194,42 @@ async def test_migrations_run_once_and_a_missing_schema_is_a_clear_error(
         await memory.aclose()
 
 
+async def test_an_archive_of_the_first_schema_upgrades_to_game_time_keeping_every_row(
+    postgres_dsn: str,
+) -> None:
+    """An archive written before game time (schema 1) migrates to 2 in place: its rows stay,
+    with no game time; new rows carry one."""
+    from mythic.memory import HistoryQuery, MemoryEvent, PostgresCold, migrations
+
+    first = migrations("postgres")[0]
+    db = await asyncpg.connect(postgres_dsn)
+    try:
+        await db.execute(first.sql)
+        await db.execute(
+            "CREATE TABLE mythic_schema (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+            "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        await db.execute("INSERT INTO mythic_schema (version, name) VALUES (1, $1)", first.name)
+        await db.execute(
+            "INSERT INTO memory_events (event_id, kind, npc_id, player_id, ts, text) "
+            "VALUES ('old-1', 'turn', 'marla', 'p-old', 100.0, 'From before game time.')"
+        )
+    finally:
+        await db.close()
+    cold = PostgresCold(postgres_dsn)
+    try:
+        assert [m.version for m in await cold.migrate()] == [2]
+        dated = MemoryEvent.new("turn", "marla", "p-old", 200.0, "Dated.", game_time=1440 * 9)
+        assert await cold.append([dated]) == 1
+        history = await cold.history(HistoryQuery(player_id="p-old"))
+        assert [(e.text, e.game_time) for e in history] == [
+            ("From before game time.", None),
+            ("Dated.", 1440 * 9),
+        ]
+    finally:
+        await cold.aclose()
+
+
 async def test_corrupt_redis_values_are_reported_and_skipped(
     tmp_path: Path, redis_prefix: str, postgres_dsn: str
 ) -> None:
