@@ -70,15 +70,20 @@ async def until_type(ws: Any, kind: type[Any]) -> Any:
 
 
 async def replies(ws: Any, turns: int) -> tuple[list[SceneTurn], list[LLMStreamDelta]]:
-    """Everything up to the final deltas of `turns` replies: the scene's turns and the
-    deltas, in the order they came."""
+    """Everything up to the final deltas of `turns` replies and the `SceneTurn` of no
+    speakers that closes a line's replies (waited for: every line's replies end with one,
+    left out of what is returned): the scene's turns and the deltas, in the order they
+    came."""
     seen: list[SceneTurn] = []
     deltas: list[LLMStreamDelta] = []
-    finals = 0
-    while finals < turns:
+    finals, closed = 0, False
+    while finals < turns or not closed:
         message = await recv(ws)
         if isinstance(message, SceneTurn):
-            seen.append(message)
+            if finals >= turns and not message.speakers and message.chosen_by == "nobody":
+                closed = True
+            else:
+                seen.append(message)
         elif isinstance(message, LLMStreamDelta):
             deltas.append(message)
             finals += message.final

@@ -69,6 +69,8 @@ pytestmark = pytest.mark.unit
         "I'm glad you found it helpful, traveller.",
         "Dear [Name],\nI hope this letter finds you well.",
         "I am a trained model created by the folk of this valley.",
+        "I appreciate the positive feedback, Jonah.",
+        "Thank you for sharing the information, sheriff.",
     ],
 )
 def test_assistant_phrasing_is_found(text: str) -> None:
@@ -87,6 +89,7 @@ def test_assistant_phrasing_is_found(text: str) -> None:
         "Java beans come up the river twice a year.",
         "I'm a large model of a ship, carved by my father.",
         "I am a model for the painter on the hill.",
+        "Thank you for sharing your bread, friend.",
     ],
 )
 def test_a_characters_line_is_not_assistant_phrasing(text: str) -> None:
@@ -229,6 +232,51 @@ def test_words_heard_from_another_character_are_not_said_back_as_ones_own() -> N
     check = LineFilter(earlier=["No, no."], repeat_words=1)
     said, finding = _stream(check, _tokens("No, no."))
     assert finding is not None and finding.kind == "repeat"
+
+
+def test_a_later_sentence_or_line_written_as_another_characters_is_caught_too() -> None:
+    others = ("Amos Tate", "Tate")
+    text = 'Silas Marrow is sorry,\nSheriff Amos Tate: "Sorry, I made a mistake."'
+    said, finding = _stream(LineFilter(others=others), _tokens(text))
+    assert finding is not None and finding.kind == "narration"
+    assert "Tate" not in said
+    said, finding = _stream(LineFilter(others=others), _tokens("Aye. Tate: a fair man."))
+    assert finding is not None and said == "Aye. "
+    said, finding = _stream(LineFilter(others=others), _tokens("Aye, ask Tate: he knows."))
+    assert finding is None
+
+
+def test_among_npcs_sentences_leave_whole_and_two_word_lines_are_not_said() -> None:
+    """Ambient lines: a sentence caught at its second clause leaves nothing of itself said
+    ("No," as a line of its own), and "Yes." or "Thank you." is no line at all."""
+    check = LineFilter(earlier=["The mill is quiet today."], whole_sentences=True)
+    out = [check.push(t)[0] for t in _tokens("No, the mill is quiet today. ")]
+    assert "".join(out) == "" and check.released == ""
+    check = LineFilter(whole_sentences=True, min_words=3)
+    text = "Yes, the mill is quiet. The creek ran high, though."
+    said, finding = _stream(check, _tokens(text))
+    assert said == text and finding is None
+    check = LineFilter(whole_sentences=True, min_words=3)
+    first = [check.push(t)[0] for t in _tokens("Yes, the mill is quiet. The")]
+    assert first[-1] == "Yes, the mill is quiet. " and "".join(first[:-1]) == ""
+    for short in ("Thank you.", "Yes.", "You're welcome!"):
+        said, finding = _stream(LineFilter(whole_sentences=True, min_words=3), _tokens(short))
+        assert (said, finding) == ("", None)
+    # A sentence that says the last line again and goes on is a repeat, caught whole.
+    heard = ["The mayor's speech was a great honor."]
+    check = LineFilter(earlier=heard, whole_sentences=True, min_words=3)
+    said, finding = _stream(check, _tokens("The mayor's speech was a great honor, with cake."))
+    assert said == "" and finding is not None and finding.kind == "repeat"
+    check = LineFilter(earlier=heard, whole_sentences=True, min_words=3)
+    said, finding = _stream(check, _tokens("A great honor? The mayor talks too much."))
+    assert finding is None
+    # Short sentences together make a line: held until there are enough words.
+    said, finding = _stream(LineFilter(whole_sentences=True, min_words=3), _tokens("No. Never."))
+    assert (said, finding) == ("", None)
+    said, finding = _stream(
+        LineFilter(whole_sentences=True, min_words=3), _tokens("No. Never. Not here.")
+    )
+    assert (said, finding) == ("No. Never. Not here.", None)
 
 
 def test_a_clean_replys_first_phrase_leaves_on_the_same_token_as_without_the_filter() -> None:

@@ -581,7 +581,8 @@ class SceneState(_Envelope):
 class SceneTurn(_Envelope):
     """Server -> client: who answers a line of a scene, in order, before the first of them
     begins. Each reply streams as `LLMStreamDelta`s with the NPC's id and its `turn_ids`
-    entry. No speakers: nobody answers."""
+    entry. No speakers: nobody answers; the replies to a line (and an ambient exchange) end
+    with one, for the last reply, unless a new line stopped them."""
 
     type: Literal["SceneTurn"] = "SceneTurn"
     scene_id: Id

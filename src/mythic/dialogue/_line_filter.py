@@ -24,6 +24,7 @@ from mythic.dialogue._naturalness import (
     opening,
     real_world,
     repeats,
+    says_back,
     speaks_as,
     stepped_out,
     strange_name,
@@ -48,6 +49,9 @@ def _without(text: str, own: Sequence[str]) -> str:
             text = re.sub(rf"(?<!\w){re.escape(line.strip())}(?!\w)", " ", text, flags=re.I)
     return text
 
+
+_LINE_END = re.compile(rf"{SENTENCE_END.pattern}|\n")
+"""Where a sentence (or a line) ends: the unit `LineFilter.whole_sentences` releases."""
 
 _APOLOGY = re.compile(
     r"\s*(I apologi[sz]e|I'?m (so |very |truly )?sorry|sorry|my apologies|I'?m afraid)\b",
@@ -103,6 +107,14 @@ class LineFilter:
     """Sentences this short or longer must not repeat an earlier one (`repeats`); shorter
     ones ("Aye.") may recur. 1 among NPCs talking ambiently, where "No, no." said back and
     forth is a loop."""
+    whole_sentences: bool = False
+    """Release whole sentences only (among NPCs talking ambiently, where no player waits for
+    the first phrase): a sentence caught never leaves its first clause said ("No," "Silas
+    Marrow, a prospector,") as a line of its own. A line break ends a sentence too."""
+    min_words: int = 0
+    """A reply of fewer words is not said at all (among NPCs, "Yes." or "Thank you." back
+    and forth adds nothing): its words are held until it is longer, and dropped if it ends
+    first."""
     hold_words: int = 6
     released: str = ""
     _held: str = ""
@@ -137,9 +149,12 @@ class LineFilter:
         return self._release("".join(out)), None
 
     def finish(self) -> tuple[str, Finding | None]:
-        """The reply has ended: check and release what is still held."""
+        """The reply has ended: check and release what is still held (nothing, when the
+        reply is shorter than `min_words`)."""
         piece, self._held = self._held, ""
         pending, self._pending = self._pending, ""
+        if self.min_words and len((self._passed + piece).split()) < self.min_words:
+            return "", None
         if not piece:
             return self._release(pending), None
         finding = self._check(piece, final=True)
@@ -151,7 +166,10 @@ class LineFilter:
         more, one of five letters or longer (not "of the world"), or two of three letters
         or more, one of six ("wry, concise"). It may be reading it out, so it waits for its
         next clause. A sentence that says back three words in a row of a player's line that
-        names the real world waits for its end: it may go on to answer it."""
+        names the real world waits for its end: it may go on to answer it. A reply shorter
+        than `min_words` so far waits to be longer."""
+        if self.min_words and len(self._passed.split()) < self.min_words:
+            return True
         if (
             not self.released
             and len(self._sentence.split()) <= 4
@@ -201,12 +219,17 @@ class LineFilter:
         return text
 
     def _boundary(self) -> int | None:
-        match = CLAUSE_END.search(self._held)
+        match = (_LINE_END if self.whole_sentences else CLAUSE_END).search(self._held)
         if match is not None:
             rest = self._held[match.end() :]
             return match.end() + len(rest) - len(rest.lstrip())
         words = list(re.finditer(r"\S+\s+", self._held))
-        if self.hold_words and not self._said and len(words) > self.hold_words:
+        if (
+            self.hold_words
+            and not self.whole_sentences
+            and not self._said
+            and len(words) > self.hold_words
+        ):
             return words[-1].end()  # every whole word, the last one still held
         return None
 
@@ -225,8 +248,10 @@ class LineFilter:
             return Finding("assistant", out)
         spoken = _without(sentence, self.own) if self.own else sentence
         narration = narrates_self(spoken, self.forms)
-        if narration is None and not self._passed:
-            narration = speaks_as(sentence, self.others)
+        if narration is None and (not self._sentence or self._passed.endswith("\n")):
+            # Each sentence, and each line of the reply, may begin as another's line: the
+            # NPC writing the scene's script ("...\nSheriff Tate: Sorry.").
+            narration = speaks_as(piece, self.others)
         if narration is not None:
             return Finding("narration", narration)
         leaks = (
@@ -256,6 +281,10 @@ class LineFilter:
         # A sentence is released clause by clause: one that has begun as an earlier one did,
         # word for word, is caught at its first clause rather than once it is all out.
         said = begins_as(sentence, before)
+        if said is None and self.whole_sentences:
+            # Whole sentences are checked at once, not clause by clause: one that says an
+            # earlier one again and goes on is caught as `begins_as` would catch its clause.
+            said = says_back(sentence, before)
         if final or SENTENCE_END.search(piece + " ") is not None:
             said = said or repeats(sentence, before, min_words=self.repeat_words)
             if said is None:

@@ -45,6 +45,11 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         # A letter or form to fill in: "Dear [Name],", "[Your Name]".
         ("template", r"\[(your |the |recipient'?s? )?(name|date|address|company|recipient)\]"),
         ("great question", r"\b(great|good|excellent|interesting) question\b"),
+        # Thanks for a user's input: "I appreciate the positive feedback", "thank you for
+        # sharing the information" (NPCs among themselves, on the small models).
+        ("feedback",
+         r"\bfeedback\b|\bfor sharing (the|this|that|your|such) (information|thoughts"
+         r"|insights?|details)\b"),
         ("cannot assist",
          r"\b(I|we) (can'?t|cannot|am unable to|'m unable to|am not able to) (assist|help|provide"
          r"|comply|fulfil+)\b"),
@@ -726,6 +731,21 @@ def repeats(sentence: str, earlier: Iterable[str], *, min_words: int = 4) -> str
             abs(len(said) - len(other)) < 0.2 * max(len(said), 1)
             and SequenceMatcher(None, said, other, autojunk=False).ratio() >= 0.9
         ):
+            return before
+    return None
+
+
+def says_back(sentence: str, earlier: Iterable[str], *, min_words: int = 4) -> str | None:
+    """The earlier sentence (of `min_words` words or more) that `sentence` begins by saying
+    again, word for word or nearly, before going on ("The mayor's speech was a great honor,
+    with ..." after "The mayor's speech was a great honor."); else None."""
+    words = normalise(sentence).split()
+    for before in earlier:
+        said = normalise(before).split()
+        if len(said) < min_words or len(said) > len(words):
+            continue
+        head, other = " ".join(words[: len(said)]), " ".join(said)
+        if head == other or SequenceMatcher(None, head, other, autojunk=False).ratio() >= 0.9:
             return before
     return None
 

@@ -42,6 +42,10 @@ from mythic.memory import Fact
 
 log = logging.getLogger(__name__)
 
+_AMBIENT_MIN_WORDS = 3
+"""Among NPCs talking, a line shorter than this is not said: "Yes." and "Thank you." said
+back and forth are a loop, not a conversation (the line passes to the next NPC)."""
+
 Finish = Literal["stop", "length", "tool_call", "cutoff", "error"]
 
 VOICE_RESULT = ChatMessage(
@@ -427,7 +431,8 @@ class Turns:
     ) -> LineFilter:
         """The checks of one reply in a conversation whose messages so far are `history`;
         `speaker_line`: the words of another character the reply answers (a scene's);
-        `ambient`: among NPCs talking, no sentence of any length is said again."""
+        `ambient`: among NPCs talking, no sentence of any length is said again, sentences
+        leave whole and a line of two words is not said ("Yes, thank you." is)."""
         character = self.character
         said = replies_in(history)
         heard = [m.content for m in history if m.role == "user"]
@@ -449,6 +454,8 @@ class Turns:
             known=character.known,
             others=character.others,
             repeat_words=1 if ambient else 4,
+            whole_sentences=ambient,
+            min_words=_AMBIENT_MIN_WORDS if ambient else 0,
             hold_words=self.stage.settings.dialogue.first_phrase_words,
         )
 

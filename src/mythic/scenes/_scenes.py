@@ -196,7 +196,7 @@ class Scenes:
         self._interrupt(scene, "barge_in")
         player = message.player_id or player_id or scene.player_of.get(session_id)
         scene.chain = asyncio.create_task(
-            self._guarded(scene, partial(self._play, scene, session_id, player, message)),
+            self._guarded(scene, partial(self._answer, scene, session_id, player, message)),
             name=f"scene {scene.id}",
         )
 
@@ -236,9 +236,21 @@ class Scenes:
             if scene.chain is asyncio.current_task():
                 scene.speaking = None
 
-    async def _play(
+    async def _answer(
         self, scene: Scene, session_id: str, player_id: str | None, line: SceneLine
     ) -> None:
+        """The replies to the player's `line` (`_play`); when they are over (not stopped by a
+        new line), a `SceneTurn` with no speakers says its last reply is answered by nobody:
+        a client knows the line's replies are all in."""
+        last = await self._play(scene, session_id, player_id, line)
+        if last is not None:
+            self._tell_turn(scene, last, (), (), "nobody")
+
+    async def _play(
+        self, scene: Scene, session_id: str, player_id: str | None, line: SceneLine
+    ) -> str | None:
+        """Returns the turn of the line's last reply; None when nobody answered it (its
+        `SceneTurn` said so already)."""
         speaker, chosen_by = await self._choose(scene, session_id, line)
         self.selections[chosen_by] += 1
         scene.record(PLAYER, line.turn_id, line.text)
@@ -247,7 +259,7 @@ class Scenes:
         heard = f"The player: {line.text}"
         self._overhear(scene, session_id, player_id, heard, but=speakers)
         if speaker is None:
-            return
+            return None
         npc_id, turn_id, text, said_by = speaker, line.turn_id, line.text, None
         base = line.turn_id[:120]
         exchanges = scene.max_exchanges
@@ -256,12 +268,12 @@ class Scenes:
                 scene, session_id, npc_id, turn_id, text, said_by, player_id, tools=said_by is None
             )
             if answer is None:
-                return
+                return turn_id
             if said_by is None:
                 scene.last_speaker[session_id] = npc_id
             said = answer.text.strip()
             if not said:
-                return
+                return turn_id
             scene.record(npc_id, turn_id, said)
             gone = npc_id not in scene.npcs or answer.reason not in ("stop", "length")
             named = [] if gone or exchange == exchanges else self._named(scene, said, npc_id)
@@ -270,11 +282,12 @@ class Scenes:
                 scene, session_id, player_id, f"{self._name(npc_id)}: {said}", but=(npc_id, nxt)
             )
             if nxt is None:
-                return
+                return turn_id
             reply_turn = f"{base}.{exchange + 1}"
             self._tell_turn(scene, turn_id, (nxt,), (reply_turn,), "name")
             self.selections["name"] += 1
             npc_id, turn_id, text, said_by = nxt, reply_turn, said, self._name(npc_id)
+        return turn_id
 
     async def _chatter(
         self, scene: Scene, session_id: str, player_id: str | None, cue: SceneAmbient

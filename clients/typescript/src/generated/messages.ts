@@ -724,7 +724,8 @@ export interface SceneState {
 /**
  * Server -> client: who answers a line of a scene, in order, before the first of them
  * begins. Each reply streams as `LLMStreamDelta`s with the NPC's id and its `turn_ids`
- * entry. No speakers: nobody answers.
+ * entry. No speakers: nobody answers; the replies to a line (and an ambient exchange) end
+ * with one, for the last reply, unless a new line stopped them.
  */
 export interface SceneTurn {
   /**

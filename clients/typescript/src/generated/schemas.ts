@@ -2300,7 +2300,7 @@ export const serverSchema = {
     },
     "SceneTurn": {
       "additionalProperties": false,
-      "description": "Server -> client: who answers a line of a scene, in order, before the first of them\nbegins. Each reply streams as `LLMStreamDelta`s with the NPC's id and its `turn_ids`\nentry. No speakers: nobody answers.",
+      "description": "Server -> client: who answers a line of a scene, in order, before the first of them\nbegins. Each reply streams as `LLMStreamDelta`s with the NPC's id and its `turn_ids`\nentry. No speakers: nobody answers; the replies to a line (and an ambient exchange) end\nwith one, for the last reply, unless a new line stopped them.",
       "properties": {
         "schema_version": {
           "const": "v1",

@@ -21,7 +21,7 @@ from typing import Any
 from mythic.cli._quality._judge import Reply, judge
 from mythic.cli._quality._probe import NotChecked, NPCPlan, Plan, Probe
 from mythic.cli._quality._templates import Templates
-from mythic.dialogue import begins_as, normalise, repeats
+from mythic.dialogue import begins_as, normalise, repeats, says_back, sentences
 
 AMBIENT_LINES = 30
 """Lines of each scene's ambient exchange."""
@@ -152,18 +152,27 @@ def own_line(text: str, others: Sequence[str]) -> bool:
 
 
 def ambient_stats(lines: Sequence[tuple[str, str]], asked: int) -> dict[str, Any]:
-    """Loops in an ambient exchange ((speaker, line) in order): lines that say an earlier
-    line of the scene again (anyone's; a short one word for word, "No, no."), repeat it
-    near-verbatim or begin as it did; and its distinct-2."""
+    """Loops in an ambient exchange ((speaker, line) in order): lines with a sentence that
+    says an earlier sentence of the scene again (anyone's; a short one word for word, "No,
+    no."), repeats it near-verbatim, begins as it did, or says it again before going on;
+    and its distinct-2."""
     loops: list[dict[str, str]] = []
     earlier: list[str] = []
     bigrams: list[tuple[str, str]] = []
     for speaker, line in lines:
-        same = next((e for e in earlier if normalise(e) == normalise(line)), None)
-        again = same or repeats(line, earlier) or begins_as(line, earlier)
-        if again is not None:
-            loops.append({"npc": speaker, "line": line, "repeats": again})
-        earlier.append(line)
+        own = sentences(line) or [line]
+        for sentence in own:
+            same = next((e for e in earlier if normalise(e) == normalise(sentence)), None)
+            again = (
+                same
+                or repeats(sentence, earlier)
+                or begins_as(sentence, earlier)
+                or says_back(sentence, earlier)
+            )
+            if again is not None:
+                loops.append({"npc": speaker, "line": line, "repeats": again})
+                break
+        earlier += own
         words = normalise(line).split()
         bigrams += list(itertools.pairwise(words))
     return {
