@@ -109,6 +109,29 @@ def test_the_example_client_script(served: tuple[str, subprocess.Popen[bytes]]) 
     assert "<intent> marla navigation" in result.stdout
 
 
+def test_the_tavern_scene_example(served: tuple[str, subprocess.Popen[bytes]]) -> None:
+    """examples/tavern_scene.py: the player's lines answered by the NPC named or faced, an
+    NPC leaving and coming back, the NPCs talking among themselves, the scene ended."""
+    address, _ = served
+    result = subprocess.run(
+        [sys.executable, "examples/tavern_scene.py", f"ws://{address}/v1/ws"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "in the tavern: marla, captain_strand, countess_isolde" in out, out
+    assert "  captain_strand (name): " in out and "  countess_isolde (to): " in out, out
+    assert "the captain leaves: marla, countess_isolde" in out, out
+    assert "  marla (ambient): " in out, out
+    assert "the captain is back: marla, countess_isolde, captain_strand" in out, out
+    assert "scene over: the player left the tavern" in out, out
+    assert out.count("[stop]") + out.count("[length]") >= 4, out
+
+
 def test_http_say_and_a_bad_request(served: tuple[str, subprocess.Popen[bytes]]) -> None:
     address, _ = served
     with httpx.Client(base_url=f"http://{address}", timeout=240) as http:

@@ -23,8 +23,11 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from mythic.client import (
+    ClientError,
     ConnectionLostError,
     MythicClient,
+    Scene,
+    SceneTalk,
     ToolResult,
     Turn,
     TurnEvent,
@@ -94,6 +97,8 @@ class Player:
         self.turns: dict[str, _TurnLog] = {}
         self.spoken: dict[str, VoiceTurn] = {}
         self.tool_runs: dict[str, int] = {}
+        self.scenes: dict[str, Scene] = {}
+        self.talks: dict[str, SceneTalk] = {}
 
     async def play(self, steps: list[dict[str, Any]]) -> None:
         try:
@@ -229,6 +234,81 @@ class Player:
         await self.clients[who].scene(
             step["npc"], zone=step.get("zone"), time=step.get("time"), objects=step.get("objects")
         )
+
+    async def _scene_start(self, step: dict[str, Any], who: str) -> None:
+        expect = step.get("expect", {})
+        start = self.clients[who].start_scene(
+            step["scene"], step["npcs"], max_exchanges=step.get("max_exchanges")
+        )
+        if "error" in expect:
+            with pytest.raises(ClientError) as refused:
+                await start
+            error = refused.value.error
+            assert error is not None, refused.value
+            for key, value in expect["error"].items():
+                assert getattr(error, key) == value, (key, error)
+            return
+        scene = await start
+        self.scenes[step["scene"]] = scene
+        if "npcs" in expect:
+            assert list(scene.npcs) == expect["npcs"], scene.npcs
+
+    async def _scene_say(self, step: dict[str, Any], who: str) -> None:
+        del who
+        scene = self.scenes[step["scene"]]
+        self.talks[step["turn"]] = await scene.say(
+            step["text"], to=step.get("to"), turn_id=step["turn"]
+        )
+
+    async def _scene_ambient(self, step: dict[str, Any], who: str) -> None:
+        del who
+        self.talks[step["turn"]] = await self.scenes[step["scene"]].ambient(
+            step.get("lines", 6),
+            topic=step.get("topic"),
+            opener=step.get("opener"),
+            priority=step.get("priority", "bronze"),
+            turn_id=step["turn"],
+        )
+
+    async def _scene_read(self, step: dict[str, Any], who: str) -> None:
+        del who
+        talk = await self.talks[step["turn"]].wait()
+        expect = step.get("expect", {})
+        for reply in talk.replies:
+            assert [d.seq for d in reply.deltas] == list(range(len(reply.deltas))), "seq gaps"
+        said = [(r.npc_id, r.text, r.finish_reason) for r in talk.replies]
+        if "speakers" in expect:
+            assert talk.speakers == expect["speakers"], said
+        if "first_speaker" in expect:
+            assert talk.speakers[:1] == [expect["first_speaker"]], said
+        if "at_most" in expect:
+            assert len(talk.replies) <= expect["at_most"], said
+        if "chosen_by" in expect:
+            assert talk.turns and talk.turns[0].chosen_by == expect["chosen_by"], talk.turns
+        if expect.get("text"):
+            assert talk.replies and talk.replies[0].text.strip(), said
+        if "finish_reason" in expect:
+            assert all(r.finish_reason in expect["finish_reason"] for r in talk.replies), said
+        if "errors" in expect:
+            assert [e.code for e in talk.errors] == expect["errors"], talk.errors
+
+    async def _scene_join(self, step: dict[str, Any], who: str) -> None:
+        del who
+        npcs = await self.scenes[step["scene"]].join(step["npc"])
+        if "npcs" in step.get("expect", {}):
+            assert list(npcs) == step["expect"]["npcs"], npcs
+
+    async def _scene_leave(self, step: dict[str, Any], who: str) -> None:
+        del who
+        npcs = await self.scenes[step["scene"]].leave(step["npc"])
+        if "npcs" in step.get("expect", {}):
+            assert list(npcs) == step["expect"]["npcs"], npcs
+
+    async def _scene_end(self, step: dict[str, Any], who: str) -> None:
+        del who
+        scene = self.scenes[step["scene"]]
+        await scene.end()
+        assert scene.ended is not None
 
     async def _intent(self, step: dict[str, Any], who: str) -> None:
         update = await self.clients[who].intent(

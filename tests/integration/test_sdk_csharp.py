@@ -35,6 +35,7 @@ GENERATOR = PACKAGE / "Generator~"
 GENERATED = PACKAGE / "Runtime" / "Generated"
 DOC = ROOT / "docs" / "engines" / "unity.md"
 EXAMPLE = PACKAGE / "Samples~" / "FirstNpc" / "FirstNpc.cs"
+TAVERN = PACKAGE / "Samples~" / "Tavern" / "Tavern.cs"
 NEWTONSOFT = Path("/usr/lib/cli/Newtonsoft.Json-5.0/Newtonsoft.Json.dll")
 NUNIT = Path("/usr/lib/cli/nunit.framework-2.6.3/nunit.framework.dll")
 NETSTANDARD = Path("/usr/lib/mono/4.5/Facades/netstandard.dll")
@@ -181,12 +182,18 @@ def test_the_sdk_passes_its_tests_and_plays_the_conformance_suite(
 
 
 def test_the_docs_code_is_the_tested_example() -> None:
-    """Each marked region of the sample (run by ExampleTests.cs) is a code block of the engine
+    """Each marked region of the samples (run by ExampleTests.cs) is a code block of the engine
     page, as it is: the page shows code that ran."""
-    source = EXAMPLE.read_text()
+    source = EXAMPLE.read_text() + TAVERN.read_text()
     regions = re.findall(
         r"// --8<-- \[start:([\w-]+)\]\n(.*?)\n\s*// --8<-- \[end:\1\]", source, re.DOTALL
     )
     blocks = re.findall(r"```csharp\n(.*?)```", DOC.read_text(), re.DOTALL)
-    assert [name for name, _ in regions] == ["connect", "tool-handler", "first-line", "lip-sync"]
+    assert [name for name, _ in regions] == [
+        "connect",
+        "tool-handler",
+        "first-line",
+        "lip-sync",
+        "tavern",
+    ]
     assert [textwrap.dedent(code).strip() for _, code in regions] == [b.strip() for b in blocks]

@@ -36,7 +36,11 @@ GENERATED = PROJECT / "addons" / "mythic" / "generated" / "messages.gd"
 SOCKET = PROJECT / "addons" / "mythic" / "mythic_socket.gd"
 DOC = ROOT / "docs" / "engines" / "godot.md"
 # The examples whose marked regions are the page's code, in the page's order.
-EXAMPLES = (PROJECT / "examples" / "first_npc.gd", PROJECT / "examples" / "talking_face.gd")
+EXAMPLES = (
+    PROJECT / "examples" / "first_npc.gd",
+    PROJECT / "examples" / "talking_face.gd",
+    PROJECT / "examples" / "tavern.gd",
+)
 UNIT_TESTS = PROJECT / "test" / "unit_tests.gd"
 PEER_TESTS = PROJECT / "test" / "peer_tests.gd"
 
@@ -186,6 +190,7 @@ def test_the_addon_passes_its_tests_and_plays_the_conformance_suite(
         ran = set(re.findall(rf"^ok - {kind}: (\w+)$", report, re.MULTILINE))
         assert ran == set(re.findall(r"^func test_(\w+)\(", tests.read_text(), re.MULTILINE))
     assert "ok - example: a first NPC line with a tool handler" in report, report[-6000:]
+    assert "ok - example: a tavern scene" in report, report[-6000:]
     assert "# fail 0" in report and result.returncode == 0, report[-6000:]
     assert "SCRIPT ERROR" not in report, report[-6000:]
 
@@ -209,7 +214,7 @@ def test_the_docs_code_is_the_tested_example() -> None:
     ]
     page, godot4 = DOC.read_text().split("\n## Godot 4\n")
     blocks = re.findall(r"```gdscript\n(.*?)```", page, re.DOTALL)
-    assert [name for name, _ in regions] == ["tool-handler", "first-line", "lip-sync"]
+    assert [name for name, _ in regions] == ["tool-handler", "first-line", "lip-sync", "tavern"]
     assert [textwrap.dedent(code).strip() for _, code in regions] == [b.strip() for b in blocks]
     (socket4,) = re.findall(r"```gdscript\n(.*?)```", godot4, re.DOTALL)
     assert _public_funcs(socket4) == _public_funcs(SOCKET.read_text())

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.integration
 PACKAGE = ROOT / "clients" / "typescript"
 DOC = ROOT / "docs" / "engines" / "typescript.md"
 EXAMPLE = PACKAGE / "examples" / "first_npc.ts"
+TAVERN = PACKAGE / "examples" / "tavern.ts"
 GENERATED = PACKAGE / "src" / "generated"
 
 
@@ -151,13 +152,13 @@ def test_the_sdk_builds_and_plays_the_conformance_suite(
 
 
 def test_the_docs_code_is_the_tested_example() -> None:
-    """Each marked region of the example (run by `example.test.ts`; `lip-sync` by
-    `lipsync.test.ts`) is a code block of the engine page, as it is: the page shows code that
-    ran."""
-    source = EXAMPLE.read_text()
+    """Each marked region of the examples (run by `example.test.ts`, `tavern.test.ts`;
+    `lip-sync` by `lipsync.test.ts`) is a code block of the engine page, as it is: the page
+    shows code that ran."""
+    source = EXAMPLE.read_text() + TAVERN.read_text()
     regions = re.findall(
         r"// --8<-- \[start:([\w-]+)\]\n(.*?)\n\s*// --8<-- \[end:\1\]", source, re.DOTALL
     )
     blocks = re.findall(r"```ts\n(.*?)```", DOC.read_text(), re.DOTALL)
-    assert [name for name, _ in regions] == ["tool-handler", "first-line", "lip-sync"]
+    assert [name for name, _ in regions] == ["tool-handler", "first-line", "lip-sync", "tavern"]
     assert [textwrap.dedent(code).strip() for _, code in regions] == [b.strip() for b in blocks]

@@ -23,6 +23,8 @@ var _sessions := {}
 var _bare := {}
 var _turns := {}
 var _spoken := {}
+var _scenes := {}
+var _talks := {}
 
 
 # The game's side of the tool calls: the scenario's answers, and how often each turn's ran.
@@ -377,6 +379,106 @@ func _scene(step: Dictionary, who: String):
 		step["npc"], step.get("zone", ""), step.get("time", ""), step.get("objects")
 	)
 	return "" if refused == null else str(refused)
+
+
+func _scene_start(step: Dictionary, who: String):
+	var expect: Dictionary = step.get("expect", {})
+	var scene = yield(
+		_clients[who].start_scene(step["scene"], step["npcs"], int(step.get("max_exchanges", -1))),
+		"completed"
+	)
+	if expect.has("error"):
+		if not scene is MythicError or scene.kind != MythicError.SERVER:
+			return "the scene was not refused: %s" % str(scene)
+		for key in expect["error"]:
+			if scene.error.get(key) != expect["error"][key]:
+				return "%s %s" % [key, to_json(scene.error)]
+		return ""
+	if scene is MythicError:
+		return str(scene)
+	_scenes[step["scene"]] = scene
+	if expect.has("npcs") and scene.npcs != expect["npcs"]:
+		return "npcs %s" % to_json(scene.npcs)
+	return ""
+
+
+func _scene_say(step: Dictionary, _who: String):
+	var scene = _scenes[step["scene"]]
+	_talks[step["turn"]] = scene.say(step["text"], step.get("to", ""), step["turn"])
+	return ""
+
+
+func _scene_ambient(step: Dictionary, _who: String):
+	var scene = _scenes[step["scene"]]
+	_talks[step["turn"]] = scene.ambient(
+		int(step.get("lines", 6)),
+		step.get("topic", ""),
+		step.get("opener", ""),
+		step.get("priority", "bronze"),
+		step["turn"]
+	)
+	return ""
+
+
+func _scene_read(step: Dictionary, _who: String):
+	var talk = yield(_talks[step["turn"]].wait(), "completed")
+	if talk is MythicError:
+		return "the scene line failed: %s" % talk
+	var expect: Dictionary = step.get("expect", {})
+	var said := []
+	for reply in talk.replies:
+		said.append([reply["npc_id"], talk.reply_text(reply), reply["finish_reason"]])
+		for i in range(reply["deltas"].size()):
+			if int(reply["deltas"][i]["seq"]) != i:
+				return "seq has gaps: %s" % to_json(said)
+	var speakers: Array = talk.speakers()
+	if expect.has("speakers") and speakers != expect["speakers"]:
+		return "speakers %s" % to_json(said)
+	if expect.has("first_speaker") and (speakers.empty() or speakers[0] != expect["first_speaker"]):
+		return "first speaker %s" % to_json(said)
+	if expect.has("at_most") and talk.replies.size() > int(expect["at_most"]):
+		return "more than %d replies: %s" % [int(expect["at_most"]), to_json(said)]
+	if expect.has("chosen_by") and (talk.turns.empty() or talk.turns[0]["chosen_by"] != expect["chosen_by"]):
+		return "chosen_by %s" % to_json(talk.turns)
+	if expect.get("text", false) and (said.empty() or said[0][1].strip_edges() == ""):
+		return "no text: %s" % to_json(said)
+	if expect.has("finish_reason"):
+		for reply in said:
+			if not reply[2] in expect["finish_reason"]:
+				return "finish_reason %s" % to_json(said)
+	if expect.has("errors"):
+		var codes := []
+		for error in talk.errors:
+			codes.append(error["code"])
+		if codes != expect["errors"]:
+			return "errors %s" % to_json(codes)
+	return ""
+
+
+func _scene_join(step: Dictionary, _who: String):
+	var npcs = yield(_scenes[step["scene"]].join(step["npc"]), "completed")
+	return _scene_members(step, npcs)
+
+
+func _scene_leave(step: Dictionary, _who: String):
+	var npcs = yield(_scenes[step["scene"]].leave(step["npc"]), "completed")
+	return _scene_members(step, npcs)
+
+
+func _scene_members(step: Dictionary, npcs):
+	if npcs is MythicError:
+		return str(npcs)
+	if step.get("expect", {}).has("npcs") and npcs != step["expect"]["npcs"]:
+		return "npcs %s" % to_json(npcs)
+	return ""
+
+
+func _scene_end(step: Dictionary, _who: String):
+	var scene = _scenes[step["scene"]]
+	var failed = yield(scene.end(), "completed")
+	if failed != null:
+		return str(failed)
+	return "" if scene.ended != "" else "the scene did not end"
 
 
 func _intent(step: Dictionary, who: String):

@@ -3,6 +3,7 @@
 extends Node
 
 const FirstNpc = preload("res://examples/first_npc.gd")
+const Tavern = preload("res://examples/tavern.gd")
 const MythicError = preload("res://addons/mythic/mythic_error.gd")
 const Wait = preload("res://addons/mythic/mythic_wait.gd")
 
@@ -38,3 +39,36 @@ func first_line():
 
 func _on_shown(text: String) -> void:
 	_shown.append(text)
+
+
+# Coroutine: "" when the tavern example played its scene as the page says, else why not.
+func tavern():
+	_shown.clear()
+	var example := Tavern.new()
+	example.connect("shown", self, "_on_shown")
+	add_child(example)
+	var talks = yield(Wait.settle(example.tavern(_url), 600, "the tavern scene"), "completed")
+	example.queue_free()
+	if talks is MythicError:
+		return str(talks)
+	var screen := PoolStringArray(_shown).join("|")
+	if talks.size() != 4:
+		return "%d talks: %s" % [talks.size(), screen]
+	var firsts := []
+	for talk in talks:
+		if talk.error != null:
+			return "a line failed: %s" % talk.error
+		var speakers: Array = talk.speakers()
+		firsts.append(speakers[0] if not speakers.empty() else "")
+		for reply in talk.replies:
+			if not reply["finish_reason"] in ["stop", "length"]:
+				return "a reply ended %s: %s" % [reply["finish_reason"], screen]
+	if firsts != ["captain_strand", "countess_isolde", "marla", "marla"]:
+		return "answered by %s: %s" % [to_json(firsts), screen]
+	if talks[0].turns[0]["chosen_by"] != "name" or talks[1].turns[0]["chosen_by"] != "to":
+		return "chosen by %s, %s" % [talks[0].turns[0]["chosen_by"], talks[1].turns[0]["chosen_by"]]
+	if "captain_strand" in talks[2].speakers():
+		return "the captain spoke while out: %s" % screen
+	if talks[0].reply_text(talks[0].replies[0]).strip_edges() == "":
+		return "no words: %s" % screen
+	return ""

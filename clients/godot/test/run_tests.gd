@@ -60,6 +60,7 @@ func _run() -> void:
 			"a first NPC line with a tool handler",
 			yield(examples.first_line(), "completed")
 		)
+		_report("example", "a tavern scene", yield(examples.tavern(), "completed"))
 		examples.queue_free()
 	else:
 		print("# MYTHIC_URL is not set: the conformance suite and the example did not run")

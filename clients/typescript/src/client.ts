@@ -10,6 +10,7 @@ import {
   WaitTimeoutError,
 } from "./errors.js";
 import type {
+  SceneStart,
   Cutoff,
   Error as ErrorMessage,
   IntentUpdate,
@@ -27,6 +28,8 @@ import {
   type Outgoing,
   type ServerMessage,
 } from "./protocol.js";
+import { Inbox } from "./inbox.js";
+import { Scene, SceneTalk } from "./scene.js";
 
 /** The part of the WebSocket API this client uses: the browser's, and the `ws` package's. */
 export interface SocketLike {
@@ -88,50 +91,6 @@ export interface ClientOptions {
 const OPEN = 1;
 const CLOSED = 3;
 const REMEMBERED_CALLS = 256;
-
-/** A queue with bounded waits: what a turn or the client's event stream hands out. */
-class Inbox<T> {
-  private items: ({ item: T } | { error: MythicError })[] = [];
-  private waiter: (() => void) | null = null;
-
-  constructor(private readonly limit = Infinity) {}
-
-  put(item: T): void {
-    this.push({ item });
-  }
-
-  /** The next `take` throws `error`. */
-  fail(error: MythicError): void {
-    this.push({ error });
-  }
-
-  private push(entry: { item: T } | { error: MythicError }): void {
-    if (this.items.length >= this.limit) this.items.shift();
-    this.items.push(entry);
-    this.waiter?.();
-  }
-
-  async take(timeoutMs: number, what: string): Promise<T> {
-    if (this.items.length === 0) {
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      try {
-        await new Promise<void>((resolve, reject) => {
-          this.waiter = resolve;
-          timer = setTimeout(
-            () => reject(new WaitTimeoutError(`no ${what} within ${timeoutMs} ms`)),
-            timeoutMs,
-          );
-        });
-      } finally {
-        this.waiter = null;
-        clearTimeout(timer);
-      }
-    }
-    const entry = this.items.shift()!;
-    if ("error" in entry) throw entry.error;
-    return entry.item;
-  }
-}
 
 /**
  * One player line and everything the NPC sends back for it. Iterate it for the events
@@ -264,6 +223,15 @@ export class MythicClient {
   private readonly intents = new Map<string, (update: IntentUpdate | MythicError) => void>();
   private readonly calls = new Map<string, Promise<ToolResult>>();
   private readonly events: Inbox<ClientEvent>;
+  /** @internal The scenes this client is in, by id. */
+  readonly scenes = new Map<string, Scene>();
+  /** @internal The open scene talk of each line and reply turn id. */
+  readonly sceneTalks = new Map<string, SceneTalk>();
+  private readonly sceneCalls: {
+    kind: string;
+    scene: Scene;
+    settle: (error?: MythicError) => void;
+  }[] = [];
   private connected: Promise<void> | null = null;
   private markConnected: (() => void) | null = null;
   private stopped = true;
@@ -395,6 +363,11 @@ export class MythicClient {
     this.turns.clear();
     for (const answer of this.intents.values()) answer(new ConnectionLostError("connection lost"));
     this.intents.clear();
+    for (const talk of new Set(this.sceneTalks.values())) {
+      talk.finish(new ConnectionLostError(`connection lost during scene line ${talk.turnId}`));
+    }
+    this.sceneTalks.clear();
+    for (const call of [...this.sceneCalls]) call.settle(new ConnectionLostError("connection lost"));
     if (!this.stopped && (this.options.reconnect ?? true)) void this.resume();
   }
 
@@ -557,6 +530,111 @@ export class MythicClient {
     await this.sendFrame(encodeAudioFrame(checked, pcm));
   }
 
+  // -- scenes ---------------------------------------------------------------------------------
+
+  /**
+   * Opens a scene of `npcs` with this client's player in it; the player's lines to it
+   * (`scene.say`) are answered by the NPC they name, else the one the player faces, else
+   * the scene's choice.
+   *
+   * @throws ServerError the server refused it (an unknown NPC, a duplicate, too many).
+   * @throws WaitTimeoutError no answer within `timeoutMs`.
+   */
+  async startScene(sceneId: string, npcs: string[], options: { maxExchanges?: number } = {}): Promise<Scene> {
+    const scene = new Scene(this, sceneId);
+    await this.sceneCall(scene, "SceneStart", {
+      type: "SceneStart",
+      scene_id: sceneId,
+      session_id: this.sessionId,
+      npcs: npcs as SceneStart["npcs"], // its length is checked with the rest of the message
+      ...(options.maxExchanges !== undefined && { max_exchanges: options.maxExchanges }),
+    });
+    return scene;
+  }
+
+  /**
+   * This client's player joins a scene another player opened (it hears what follows).
+   *
+   * @throws ServerError no such scene, or it has ended.
+   */
+  async joinScene(sceneId: string): Promise<Scene> {
+    const scene = new Scene(this, sceneId);
+    await this.sceneCall(scene, "SceneJoin", { type: "SceneJoin", scene_id: sceneId, session_id: this.sessionId });
+    return scene;
+  }
+
+  /** @internal Sends a scene message; resolves when the scene's state (or end) answers it. */
+  async sceneCall(scene: Scene, kind: string, message: Outgoing): Promise<void> {
+    const opening = !this.scenes.has(scene.sceneId);
+    if (opening) this.scenes.set(scene.sceneId, scene);
+    let call: (typeof this.sceneCalls)[number] | undefined;
+    const answered = new Promise<void>((resolve, reject) => {
+      call = {
+        kind,
+        scene,
+        settle: (error) => {
+          this.sceneCalls.splice(this.sceneCalls.indexOf(call!), 1);
+          if (error === undefined) resolve();
+          else reject(error);
+        },
+      };
+      this.sceneCalls.push(call);
+    });
+    try {
+      await this.send(message);
+      await bounded(answered, this.timeoutMs, `answer to ${kind}`);
+    } catch (error) {
+      if (this.sceneCalls.includes(call!)) this.sceneCalls.splice(this.sceneCalls.indexOf(call!), 1);
+      if (opening && scene.npcs.length === 0 && this.scenes.get(scene.sceneId) === scene) {
+        this.scenes.delete(scene.sceneId);
+      }
+      throw error;
+    }
+  }
+
+  /** Hands a scene or a scene talk its messages; true when one took it. */
+  private routeScene(message: ServerMessage): boolean {
+    switch (message.type) {
+      case "SceneState":
+      case "SceneEnd": {
+        const scene = this.scenes.get(message.scene_id);
+        if (scene === undefined) return false;
+        if (message.type === "SceneState") scene.onState(message);
+        else {
+          this.scenes.delete(message.scene_id);
+          scene.onEnd(message.reason ?? "ended");
+        }
+        for (const call of this.sceneCalls.filter((c) => c.scene === scene)) call.settle();
+        return true;
+      }
+      case "SceneTurn": {
+        const talk = this.sceneTalks.get(message.turn_id);
+        talk?.onTurn(message);
+        return talk !== undefined;
+      }
+      case "LLMStreamDelta":
+      case "ToolCall":
+      case "Error": {
+        const talk = message.turn_id ? this.sceneTalks.get(message.turn_id) : undefined;
+        if (talk !== undefined) {
+          if (message.type === "LLMStreamDelta") talk.onDelta(message);
+          else talk.onEvent(message);
+          return true;
+        }
+        if (message.type === "Error" && message.ref) {
+          const call = this.sceneCalls.find((c) => c.kind === message.ref!.split(".")[0]);
+          if (call !== undefined) {
+            call.settle(new ServerError(message));
+            return true;
+          }
+        }
+        return false;
+      }
+      default:
+        return false;
+    }
+  }
+
   // -- receiving ------------------------------------------------------------------------------
 
   /**
@@ -596,6 +674,7 @@ export class MythicClient {
     if (message.type === "ToolCall" && this.options.toolHandler !== undefined) {
       void this.answer(message, this.options.toolHandler);
     }
+    if (this.routeScene(message)) return;
     const turnId = "turn_id" in message ? message.turn_id : undefined;
     const turn = turnId ? this.turns.get(turnId) : undefined;
     switch (message.type) {

@@ -3,4 +3,5 @@ export * from "./client.js";
 export * from "./errors.js";
 export * from "./lipsync.js";
 export * from "./protocol.js";
+export * from "./scene.js";
 export type * from "./generated/messages.js";

@@ -11,6 +11,7 @@ import { WebSocket } from "ws";
 import {
   ConnectionLostError,
   MythicClient,
+  ServerError,
   ValidationError,
   encodeAudioFrame,
   fromBase64,
@@ -18,6 +19,8 @@ import {
   type ClientEvent,
   type LLMStreamDelta,
   type Outgoing,
+  type Scene,
+  type SceneTalk,
   type ServerMessage,
   type ToolResult,
   type Turn,
@@ -163,6 +166,8 @@ class Player {
   /** Frames a client could not read: a failed step shows them. */
   private readonly unread: ClientEvent[] = [];
   private readonly toolRuns = new Map<string, number>();
+  private readonly scenes = new Map<string, Scene>();
+  private readonly talks = new Map<string, SceneTalk>();
 
   constructor(
     private readonly url: string,
@@ -318,6 +323,76 @@ class Player {
 
   async scene(step: Step, who: string): Promise<void> {
     await this.client(who).scene(step.npc, { zone: step.zone, time: step.time, objects: step.objects });
+  }
+
+  async scene_start(step: Step, who: string): Promise<void> {
+    const expect = step.expect ?? {};
+    const start = this.client(who).startScene(step.scene, step.npcs, { maxExchanges: step.max_exchanges });
+    if (expect.error) {
+      const refused = await start.then(
+        () => assert.fail("the scene was not refused"),
+        (error: unknown) => error,
+      );
+      assert.ok(refused instanceof ServerError, String(refused));
+      for (const [key, value] of Object.entries(expect.error)) {
+        assert.equal((refused.error as unknown as Record<string, unknown>)[key], value, key);
+      }
+      return;
+    }
+    const scene = await start;
+    this.scenes.set(step.scene, scene);
+    if (expect.npcs) assert.deepEqual(scene.npcs, expect.npcs);
+  }
+
+  async scene_say(step: Step): Promise<void> {
+    const scene = this.scenes.get(step.scene)!;
+    this.talks.set(step.turn, await scene.say(step.text, { to: step.to, turnId: step.turn }));
+  }
+
+  async scene_ambient(step: Step): Promise<void> {
+    const scene = this.scenes.get(step.scene)!;
+    const talk = await scene.ambient({
+      lines: step.lines,
+      topic: step.topic,
+      opener: step.opener,
+      priority: step.priority,
+      turnId: step.turn,
+    });
+    this.talks.set(step.turn, talk);
+  }
+
+  async scene_read(step: Step): Promise<void> {
+    const talk = await this.talks.get(step.turn)!.wait();
+    const expect = step.expect ?? {};
+    const said = JSON.stringify(talk.replies.map((r) => [r.npcId, r.text, r.finishReason]));
+    for (const reply of talk.replies) {
+      assert.deepEqual(reply.deltas.map((d) => d.seq), [...reply.deltas.keys()], "seq has gaps");
+    }
+    if (expect.speakers) assert.deepEqual(talk.speakers, expect.speakers, said);
+    if (expect.first_speaker) assert.deepEqual(talk.speakers.slice(0, 1), [expect.first_speaker], said);
+    if (expect.at_most !== undefined) assert.ok(talk.replies.length <= expect.at_most, said);
+    if (expect.chosen_by) assert.equal(talk.turns[0]?.chosen_by, expect.chosen_by, said);
+    if (expect.text) assert.ok(talk.replies[0]?.text.trim(), said);
+    if (expect.finish_reason) {
+      assert.ok(talk.replies.every((r) => expect.finish_reason.includes(r.finishReason)), said);
+    }
+    if (expect.errors) assert.deepEqual(talk.errors.map((e) => e.code), expect.errors);
+  }
+
+  async scene_join(step: Step): Promise<void> {
+    const npcs = await this.scenes.get(step.scene)!.join(step.npc);
+    if (step.expect?.npcs) assert.deepEqual(npcs, step.expect.npcs);
+  }
+
+  async scene_leave(step: Step): Promise<void> {
+    const npcs = await this.scenes.get(step.scene)!.leave(step.npc);
+    if (step.expect?.npcs) assert.deepEqual(npcs, step.expect.npcs);
+  }
+
+  async scene_end(step: Step): Promise<void> {
+    const scene = this.scenes.get(step.scene)!;
+    await scene.end();
+    assert.ok(scene.ended !== undefined);
   }
 
   async intent(step: Step, who: string): Promise<void> {

@@ -104,6 +104,9 @@ namespace Mythic.Client
         private readonly MythicClientOptions _options;
         private readonly object _gate = new object();
         private readonly Dictionary<string, Turn> _turns = new Dictionary<string, Turn>();
+        private readonly Dictionary<string, Scene> _scenes = new Dictionary<string, Scene>();
+        private readonly Dictionary<string, SceneTalk> _sceneTalks = new Dictionary<string, SceneTalk>();
+        private readonly List<SceneCall> _sceneCalls = new List<SceneCall>();
         private readonly Dictionary<string, TaskCompletionSource<IntentUpdate>> _intents = new Dictionary<string, TaskCompletionSource<IntentUpdate>>();
         private readonly Dictionary<string, Task<ToolResult>> _calls = new Dictionary<string, Task<ToolResult>>();
         private readonly Queue<string> _callOrder = new Queue<string>();
@@ -419,6 +422,8 @@ namespace Mythic.Client
         {
             List<Turn> turns;
             List<TaskCompletionSource<IntentUpdate>> intents;
+            List<SceneTalk> talks;
+            List<SceneCall> calls;
             bool resume;
             lock (_gate)
             {
@@ -430,12 +435,19 @@ namespace Mythic.Client
                 _turns.Clear();
                 intents = _intents.Values.ToList();
                 _intents.Clear();
+                talks = _sceneTalks.Values.Distinct().ToList();
+                _sceneTalks.Clear();
+                calls = _sceneCalls.ToList();
                 resume = !_stopped && _options.Reconnect;
             }
             foreach (var turn in turns)
                 turn.Inbox.Fail(new ConnectionLostException("connection lost during turn " + turn.TurnId));
             foreach (var intent in intents)
                 intent.TrySetException(new ConnectionLostException("connection lost"));
+            foreach (var talk in talks)
+                talk.Finish(new ConnectionLostException("connection lost during scene line " + talk.TurnId));
+            foreach (var call in calls)
+                call.Answer.TrySetException(new ConnectionLostException("connection lost"));
             if (resume)
                 Track(ResumeAsync());
         }
@@ -597,6 +609,158 @@ namespace Mythic.Client
             }
         }
 
+        // -- scenes -------------------------------------------------------------------------------
+
+        /// <summary>Opens a scene of <paramref name="npcs"/> with this client's player in it; the
+        /// player's lines to it (<see cref="Scene.SayAsync"/>) are answered by the NPC they name,
+        /// else the one the player faces, else the scene's choice.</summary>
+        /// <exception cref="ServerException">The server refused it (an unknown NPC, a duplicate, too many).</exception>
+        /// <exception cref="WaitTimeoutException">No answer within <see cref="Timeout"/>.</exception>
+        public async Task<Scene> StartSceneAsync(string sceneId, IEnumerable<string> npcs, long? maxExchanges = null)
+        {
+            var scene = new Scene(this, sceneId);
+            await SceneCallAsync(scene, "SceneStart", new SceneStart { SceneId = sceneId, SessionId = SessionId, Npcs = npcs.ToList(), MaxExchanges = maxExchanges }).ConfigureAwait(false);
+            return scene;
+        }
+
+        /// <summary>This client's player joins a scene another player opened (it hears what follows).</summary>
+        /// <exception cref="ServerException">No such scene, or it has ended.</exception>
+        public async Task<Scene> JoinSceneAsync(string sceneId)
+        {
+            var scene = new Scene(this, sceneId);
+            await SceneCallAsync(scene, "SceneJoin", new SceneJoin { SceneId = sceneId, SessionId = SessionId }).ConfigureAwait(false);
+            return scene;
+        }
+
+        /// <summary>Sends a scene message; done when the scene's state (or end) answers it.</summary>
+        internal async Task SceneCallAsync(Scene scene, string kind, object message)
+        {
+            var call = new SceneCall(kind, scene);
+            bool opening;
+            lock (_gate)
+            {
+                opening = !_scenes.ContainsKey(scene.SceneId);
+                if (opening)
+                    _scenes[scene.SceneId] = scene;
+                _sceneCalls.Add(call);
+            }
+            try
+            {
+                await SendAsync(message).ConfigureAwait(false);
+                await Bounded(call.Answer.Task, Timeout, "answer to " + kind).ConfigureAwait(false);
+            }
+            catch (MythicException)
+            {
+                lock (_gate)
+                {
+                    Scene known;
+                    if (opening && scene.Npcs.Count == 0 && _scenes.TryGetValue(scene.SceneId, out known) && known == scene)
+                        _scenes.Remove(scene.SceneId);
+                }
+                throw;
+            }
+            finally
+            {
+                lock (_gate)
+                    _sceneCalls.Remove(call);
+            }
+        }
+
+        internal void Listen(string turnId, SceneTalk talk)
+        {
+            lock (_gate)
+                _sceneTalks[turnId] = talk;
+        }
+
+        internal void Unlisten(IEnumerable<string> turnIds, SceneTalk talk)
+        {
+            lock (_gate)
+            {
+                foreach (var turnId in turnIds)
+                {
+                    SceneTalk known;
+                    if (_sceneTalks.TryGetValue(turnId, out known) && known == talk)
+                        _sceneTalks.Remove(turnId);
+                }
+            }
+        }
+
+        /// <summary>Hands a scene or a scene line its messages; true when one took it.</summary>
+        private bool RouteScene(IServerMessage message)
+        {
+            var state = message as SceneState;
+            var end = message as SceneEnd;
+            if (state != null || end != null)
+            {
+                var sceneId = state != null ? state.SceneId : end.SceneId;
+                Scene scene;
+                List<SceneCall> answered;
+                lock (_gate)
+                {
+                    if (!_scenes.TryGetValue(sceneId, out scene))
+                        return false;
+                    if (end != null)
+                        _scenes.Remove(sceneId);
+                    answered = _sceneCalls.Where(c => c.Scene == scene).ToList();
+                }
+                if (state != null)
+                    scene.OnState(state);
+                else
+                    scene.OnEnd(end.Reason ?? "ended");
+                foreach (var call in answered)
+                    call.Answer.TrySetResult(true);
+                return true;
+            }
+            var sceneTurn = message as SceneTurn;
+            var turnEvent = message as ITurnEvent;
+            var turnId = sceneTurn != null ? sceneTurn.TurnId : turnEvent != null ? TurnOf(turnEvent) : null;
+            SceneTalk talk = null;
+            lock (_gate)
+            {
+                if (turnId != null)
+                    _sceneTalks.TryGetValue(turnId, out talk);
+            }
+            if (talk != null)
+            {
+                if (sceneTurn != null)
+                    talk.OnTurn(sceneTurn);
+                else if (message is LlmStreamDelta)
+                    talk.OnDelta((LlmStreamDelta)message);
+                else
+                    talk.OnEvent(turnEvent);
+                return true;
+            }
+            var error = message as Error;
+            if (error != null && error.Ref != null)
+            {
+                var kind = error.Ref.Split('.')[0];
+                SceneCall call;
+                lock (_gate)
+                    call = _sceneCalls.FirstOrDefault(c => c.Kind == kind && !c.Answer.Task.IsCompleted);
+                if (call != null)
+                {
+                    call.Answer.TrySetException(new ServerException(error));
+                    return true;
+                }
+            }
+            return false;
+        }
+
+        private sealed class SceneCall
+        {
+            internal SceneCall(string kind, Scene scene)
+            {
+                Kind = kind;
+                Scene = scene;
+            }
+
+            internal string Kind { get; }
+
+            internal Scene Scene { get; }
+
+            internal TaskCompletionSource<bool> Answer { get; } = new TaskCompletionSource<bool>(TaskCreationOptions.RunContinuationsAsynchronously);
+        }
+
         /// <summary>Answers a tool call (what the tool handler does for you).</summary>
         public Task AckAsync(string turnId, string callId, Status status, Dictionary<string, object> result = null, string message = null)
         {
@@ -658,6 +822,8 @@ namespace Mythic.Client
             var cutoff = message as Cutoff;
             if (cutoff != null)
                 Raise(CutoffReceived, cutoff);
+            if (RouteScene(message))
+                return;
             var turnEvent = message as ITurnEvent;
             if (turnEvent != null)
             {
@@ -797,7 +963,7 @@ namespace Mythic.Client
             }, TaskContinuationOptions.ExecuteSynchronously);
         }
 
-        private string NewId(string prefix)
+        internal string NewId(string prefix)
         {
             return prefix + "-" + DateTime.UtcNow.Ticks.ToString("x") + "-" + Interlocked.Increment(ref _count);
         }

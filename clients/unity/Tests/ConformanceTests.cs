@@ -178,6 +178,8 @@ namespace Mythic.Client.Tests
         private readonly Dictionary<string, SpokenLog> _spoken = new Dictionary<string, SpokenLog>();
         private readonly Dictionary<string, VoiceFormat> _voices = new Dictionary<string, VoiceFormat>();
         private readonly Dictionary<string, int> _toolRuns = new Dictionary<string, int>();
+        private readonly Dictionary<string, Scene> _scenes = new Dictionary<string, Scene>();
+        private readonly Dictionary<string, SceneTalk> _talks = new Dictionary<string, SceneTalk>();
 
         internal Player(string url, string name)
         {
@@ -230,6 +232,13 @@ namespace Mythic.Client.Tests
                 case "cutoff": return _turns[(string)step["turn"]].Turn.CutoffAsync();
                 case "scene": return SceneAsync(step, who);
                 case "intent": return IntentAsync(step, who);
+                case "scene_start": return SceneStartAsync(step, who);
+                case "scene_say": return SceneSayAsync(step);
+                case "scene_ambient": return SceneAmbientAsync(step);
+                case "scene_read": return SceneReadAsync(step);
+                case "scene_join": return SceneMembersAsync(step, _scenes[(string)step["scene"]].JoinAsync((string)step["npc"]));
+                case "scene_leave": return SceneMembersAsync(step, _scenes[(string)step["scene"]].LeaveAsync((string)step["npc"]));
+                case "scene_end": return SceneEndAsync(step);
                 case "ack": return AckAsync(step, who);
                 case "send": return SendAsync(step, who);
                 case "send_raw": return SendRawAsync(step, who);
@@ -481,6 +490,87 @@ namespace Mythic.Client.Tests
         {
             var objects = step["objects"] == null ? null : ((JObject)step["objects"]).Properties().ToDictionary(p => p.Name, p => (double)p.Value);
             return Client(who).SceneAsync((string)step["npc"], (string)step["zone"], (string)step["time"], objects);
+        }
+
+        private async Task SceneStartAsync(JObject step, string who)
+        {
+            var expect = (JObject)step["expect"] ?? new JObject();
+            var start = Client(who).StartSceneAsync((string)step["scene"], step["npcs"].Select(n => (string)n), (long?)step["max_exchanges"]);
+            if (expect["error"] != null)
+            {
+                ServerException refused = null;
+                try
+                {
+                    await start;
+                }
+                catch (ServerException e)
+                {
+                    refused = e;
+                }
+                Assert.IsNotNull(refused, "the scene was not refused");
+                foreach (var field in ((JObject)expect["error"]).Properties())
+                    Assert.AreEqual((string)field.Value, (string)JObject.FromObject(refused.Error)[field.Name], field.Name);
+                return;
+            }
+            var scene = await start;
+            _scenes[(string)step["scene"]] = scene;
+            if (expect["npcs"] != null)
+                CollectionAssert.AreEqual(expect["npcs"].Select(n => (string)n), scene.Npcs, "npcs");
+        }
+
+        private async Task SceneSayAsync(JObject step)
+        {
+            var scene = _scenes[(string)step["scene"]];
+            _talks[(string)step["turn"]] = await scene.SayAsync((string)step["text"], (string)step["to"], (string)step["turn"]);
+        }
+
+        private async Task SceneAmbientAsync(JObject step)
+        {
+            var scene = _scenes[(string)step["scene"]];
+            var priority = (string)step["priority"] == "silver" ? Priority.Silver : Priority.Bronze;
+            _talks[(string)step["turn"]] = await scene.AmbientAsync((int?)step["lines"] ?? 6, (string)step["topic"], (string)step["opener"], priority, (string)step["turn"]);
+        }
+
+        private async Task SceneReadAsync(JObject step)
+        {
+            var talk = await _talks[(string)step["turn"]].WaitAsync();
+            var expect = (JObject)step["expect"] ?? new JObject();
+            var replies = talk.Replies;
+            var said = string.Join("; ", replies.Select(r => r.NpcId + ": " + r.Text + " (" + r.FinishReason + ")"));
+            foreach (var reply in replies)
+                CollectionAssert.AreEqual(Enumerable.Range(0, reply.Deltas.Count).Select(i => (long)i), reply.Deltas.Select(d => d.Seq), "seq has gaps");
+            if (expect["speakers"] != null)
+                CollectionAssert.AreEqual(expect["speakers"].Select(s => (string)s), talk.Speakers, "speakers: " + said);
+            if (expect["first_speaker"] != null)
+                CollectionAssert.AreEqual(new[] { (string)expect["first_speaker"] }, talk.Speakers.Take(1), "first speaker: " + said);
+            if (expect["at_most"] != null)
+                Assert.That(replies.Count <= (int)expect["at_most"], "at most " + expect["at_most"] + " replies: " + said);
+            if (expect["chosen_by"] != null)
+                Assert.AreEqual((string)expect["chosen_by"], talk.Turns.Count == 0 ? null : Wire(talk.Turns[0].ChosenBy), "chosen_by: " + said);
+            if ((bool?)expect["text"] == true)
+                Assert.That(replies.Count > 0 && replies[0].Text.Trim().Length > 0, "text: " + said);
+            if (expect["finish_reason"] != null)
+            {
+                var allowed = expect["finish_reason"].Select(r => (string)r).ToList();
+                Assert.That(replies.All(r => r.FinishReason != null && allowed.Contains(Wire(r.FinishReason.Value))), "finish_reason: " + said);
+            }
+            if (expect["errors"] != null)
+                CollectionAssert.AreEqual(expect["errors"].Select(e => (string)e), talk.Errors.Select(e => e.Code), "errors");
+        }
+
+        private static async Task SceneMembersAsync(JObject step, Task<IReadOnlyList<string>> change)
+        {
+            var npcs = await change;
+            var expect = (JObject)step["expect"] ?? new JObject();
+            if (expect["npcs"] != null)
+                CollectionAssert.AreEqual(expect["npcs"].Select(n => (string)n), npcs, "npcs");
+        }
+
+        private async Task SceneEndAsync(JObject step)
+        {
+            var scene = _scenes[(string)step["scene"]];
+            await scene.EndAsync();
+            Assert.IsNotNull(scene.Ended, "the scene ended");
         }
 
         private async Task IntentAsync(JObject step, string who)

@@ -27,6 +27,31 @@ namespace Mythic.Client.Tests
             var pieces = string.Concat(shown.GetRange(1, shown.Count - 1));
             Assert.AreEqual(Regex.Replace(reply, "\\s", ""), Regex.Replace(pieces, "\\s", ""), "the pieces are the reply (a tool call adds a space)");
         }
+
+        [Test]
+        public async Task The_tavern_example_plays_a_scene()
+        {
+            if (ConformanceTests.Url == null)
+                Assert.Ignore("set MYTHIC_URL to a running `mythic serve`");
+            var shown = new List<string>();
+            var talks = await Tavern.RunAsync(ConformanceTests.Url, shown.Add);
+            var said = string.Concat(shown);
+            Assert.AreEqual(4, talks.Count, said);
+            Assert.AreEqual("captain_strand", talks[0].Speakers[0], said);
+            Assert.AreEqual(ChosenBy.Name, talks[0].Turns[0].ChosenBy, said);
+            Assert.AreEqual("countess_isolde", talks[1].Speakers[0], said);
+            Assert.AreEqual(ChosenBy.To, talks[1].Turns[0].ChosenBy, said);
+            Assert.AreEqual("marla", talks[2].Speakers[0], said);
+            CollectionAssert.DoesNotContain(talks[2].Speakers, "captain_strand", "she was out: " + said);
+            Assert.AreEqual("marla", talks[3].Speakers[0], said);
+            foreach (var talk in talks)
+            {
+                Assert.IsTrue(talk.Over, said);
+                foreach (var reply in talk.Replies)
+                    Assert.That(reply.FinishReason == FinishReason.Stop || reply.FinishReason == FinishReason.Length, said);
+            }
+            Assert.IsNotEmpty(talks[0].Replies[0].Text.Trim(), said);
+        }
     }
 }
 #endif

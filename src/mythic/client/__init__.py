@@ -13,11 +13,16 @@ from mythic.client._client import (
     TurnEvent,
     VoiceTurn,
 )
+from mythic.client._scene import Scene, SceneEvent, SceneReply, SceneTalk
 
 __all__ = [
     "ClientError",
     "ConnectionLostError",
     "MythicClient",
+    "Scene",
+    "SceneEvent",
+    "SceneReply",
+    "SceneTalk",
     "ToolHandler",
     "ToolResult",
     "Turn",

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from mythic._errors import MythicError
 from mythic._extras import require
+from mythic.client._scene import Scene, SceneTalk
 from mythic.contracts import (
     Ack,
     ASRFinal,
@@ -26,7 +27,12 @@ from mythic.contracts import (
     LLMStreamDelta,
     PlayerUtterance,
     ProtocolError,
+    SceneEnd,
+    SceneJoin,
     SceneObject,
+    SceneStart,
+    SceneState,
+    SceneTurn,
     SceneUpdate,
     ServerMessage,
     SessionEnd,
@@ -310,6 +316,12 @@ class MythicClient:
         it, the oldest are dropped."""
         self.voice = voice
         self._turns: dict[str, Turn] = {}
+        self._scenes: dict[str, Scene] = {}
+        self._scene_talks: dict[str, SceneTalk] = {}
+        """The open scene talk of each line and reply turn id."""
+        self._scene_calls: list[tuple[str, Scene, asyncio.Future[None]]] = []
+        """Scene messages waiting for the server: the message type, the scene, done when the
+        scene's state (or end) comes back, failed by an `Error` whose ref names the type."""
         self._voice_turns: dict[str, VoiceTurn] = {}
         self._intents: dict[str, asyncio.Future[IntentUpdate]] = {}
         self._ws: Any = None
@@ -581,6 +593,102 @@ class MythicClient:
             )
         )
 
+    # -- scenes -------------------------------------------------------------------------------
+
+    async def start_scene(
+        self, scene_id: str, npcs: list[str], *, max_exchanges: int | None = None
+    ) -> Scene:
+        """Open a scene of `npcs` with this client's player in it; the player's lines to it
+        (`Scene.say`) are answered by the NPC they name, else the one the player faces, else
+        the scene's choice.
+
+        Raises:
+            ClientError: the server refused it (an unknown NPC, a duplicate, too many).
+        """
+        scene = Scene(self, scene_id)
+        message = SceneStart(
+            scene_id=scene_id,
+            session_id=self.session_id,
+            npcs=tuple(npcs),
+            max_exchanges=max_exchanges,
+        )
+        await self._scene_call(scene, message, "SceneStart")
+        return scene
+
+    async def join_scene(self, scene_id: str) -> Scene:
+        """This client's player joins a scene another player opened (it hears what follows).
+
+        Raises:
+            ClientError: no such scene, or it has ended.
+        """
+        scene = Scene(self, scene_id)
+        message = SceneJoin(scene_id=scene_id, session_id=self.session_id)
+        await self._scene_call(scene, message, "SceneJoin")
+        return scene
+
+    async def _scene_call(self, scene: Scene, message: ClientMessage, kind: str) -> None:
+        """Send a scene message and wait for the scene's state (or end) that answers it.
+
+        Raises:
+            ClientError: the server refused it.
+            TimeoutError: no answer within `timeout_s`.
+        """
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        call = (kind, scene, done)
+        self._scenes.setdefault(scene.scene_id, scene)
+        self._scene_calls.append(call)
+        try:
+            await self.send(message)
+            async with asyncio.timeout(self.timeout_s):
+                await done
+        except BaseException:
+            opening = kind in ("SceneStart", "SceneJoin") and not scene.npcs
+            if opening and self._scenes.get(scene.scene_id) is scene:
+                del self._scenes[scene.scene_id]
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._scene_calls.remove(call)
+
+    def _route_scene(self, message: ServerMessage, turn_id: str | None) -> bool:
+        """Hand a scene or a scene talk its messages; True when one took it."""
+        match message:
+            case SceneState(scene_id=scene_id) | SceneEnd(scene_id=scene_id):
+                scene = self._scenes.get(scene_id)
+                if scene is None:
+                    return False
+                if isinstance(message, SceneState):
+                    scene._state(message)
+                else:
+                    self._scenes.pop(scene_id, None)
+                    scene._ended(message.reason or "ended")
+                for _, waiting, done in list(self._scene_calls):
+                    if waiting is scene and not done.done():
+                        done.set_result(None)
+                return True
+            case SceneTurn(turn_id=answered):
+                talk = self._scene_talks.get(answered)
+                if talk is None:
+                    return False
+                talk._turn(message)
+                return True
+            case LLMStreamDelta() | ToolCall() if turn_id in self._scene_talks:
+                talk = self._scene_talks[turn_id]
+                if isinstance(message, LLMStreamDelta):
+                    talk._delta(message)
+                else:
+                    talk._event(message)
+                return True
+            case Error() if turn_id is not None and turn_id in self._scene_talks:
+                self._scene_talks[turn_id]._event(message)
+                return True
+            case Error(ref=ref) if ref is not None:
+                for kind, _, done in self._scene_calls:
+                    if ref.split(".")[0] == kind and not done.done():
+                        done.set_exception(ClientError(message.message, error=message))
+                        return True
+        return False
+
     async def intent(
         self,
         npc_id: str,
@@ -707,6 +815,12 @@ class MythicClient:
         for turn in list(self._turns.values()):
             turn._put(ConnectionLostError(f"connection lost during turn {turn.turn_id}"))
         self._turns.clear()
+        for talk in {id(t): t for t in self._scene_talks.values()}.values():
+            talk._finish(ConnectionLostError(f"connection lost during scene line {talk.turn_id}"))
+        self._scene_talks.clear()
+        for _, _, done in self._scene_calls:
+            if not done.done():
+                done.set_exception(ConnectionLostError("connection lost"))
         for answer in self._intents.values():
             if not answer.done():
                 answer.set_exception(ConnectionLostError("connection lost"))
@@ -719,7 +833,7 @@ class MythicClient:
             task = asyncio.create_task(self._handle_tool(message))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        if self._route_voice(message, turn_id):
+        if self._route_voice(message, turn_id) or self._route_scene(message, turn_id):
             return
         turn = self._turns.get(turn_id) if turn_id else None
         match message:

@@ -26,6 +26,7 @@ signal event(item)
 signal tts_chunk(chunk)
 
 const MythicError = preload("mythic_error.gd")
+const MythicScene = preload("mythic_scene.gd")
 const MythicTurn = preload("mythic_turn.gd")
 const Protocol = preload("mythic_protocol.gd")
 const Socket = preload("mythic_socket.gd")
@@ -69,6 +70,9 @@ var _resume_token := ""
 var _stopped := true
 var _resuming := false
 var _turns := {}
+var _scenes := {}
+var _scene_talks := {}  # the open MythicSceneTalk of each line and reply turn id
+var _scene_calls := []  # scene messages waiting for the scene's state: {kind, scene, result, done}
 var _intents := {}
 var _calls := {}
 var _call_order := []
@@ -254,6 +258,15 @@ func _lost() -> void:
 	_turns.clear()
 	for request in _intents.values():
 		request["result"] = why
+	var talks := {}
+	for talk in _scene_talks.values():
+		talks[talk] = true
+	for talk in talks:
+		talk._fail(_connection_lost("connection lost during scene line %s" % talk.turn_id))
+	_scene_talks.clear()
+	for call in _scene_calls:
+		call["result"] = why
+		call["done"] = true
 	emit_signal("connection_lost", why)
 	if not _stopped and reconnect and not _resuming:
 		_resume()
@@ -386,6 +399,104 @@ func intent(npc_id: String, context := "", with_bark := false, request_id := "")
 	return waited if waited is MythicError else waiting["result"]
 
 
+# -- scenes ---------------------------------------------------------------------------------
+
+
+# Coroutine: opens a scene of `npcs` with this client's player in it; the player's lines to it
+# (`scene.say`) are answered by the NPC they name, else the one the player faces, else the
+# scene's choice. The MythicScene, or a MythicError (SERVER: an unknown NPC, a duplicate, too
+# many; TIMEOUT).
+func start_scene(scene_id: String, npcs: Array, max_exchanges := -1):
+	var scene = MythicScene.new(self, scene_id)
+	var message := {
+		"type": "SceneStart", "scene_id": scene_id, "session_id": session_id, "npcs": npcs
+	}
+	if max_exchanges >= 0:
+		message["max_exchanges"] = max_exchanges
+	var failed = yield(_scene_call(scene, "SceneStart", message), "completed")
+	return failed if failed != null else scene
+
+
+# Coroutine: this client's player joins a scene another player opened (it hears what follows).
+# The MythicScene, or a MythicError (SERVER: no such scene, or it has ended).
+func join_scene(scene_id: String):
+	var scene = MythicScene.new(self, scene_id)
+	var message := {"type": "SceneJoin", "scene_id": scene_id, "session_id": session_id}
+	var failed = yield(_scene_call(scene, "SceneJoin", message), "completed")
+	return failed if failed != null else scene
+
+
+# Coroutine: sends a scene message and waits for the scene's state (or end) that answers it;
+# null, or a MythicError.
+func _scene_call(scene, kind: String, message: Dictionary):
+	var opening := not _scenes.has(scene.scene_id)
+	if opening:
+		_scenes[scene.scene_id] = scene
+	var waiting := {"kind": kind, "scene": scene, "result": null, "done": false}
+	_scene_calls.append(waiting)
+	var refused = send(message)
+	if refused != null:
+		waiting["result"] = refused
+		waiting["done"] = true
+	var waited = yield(
+		Wait.until(self, "_scene_answered", timeout_s, "answer to " + kind, [waiting]), "completed"
+	)
+	_scene_calls.erase(waiting)
+	var failed = waited if waited is MythicError else waiting["result"]
+	if failed != null and opening and scene.npcs.empty() and _scenes.get(scene.scene_id) == scene:
+		_scenes.erase(scene.scene_id)
+	return failed
+
+
+func _scene_answered(waiting: Dictionary) -> bool:
+	return waiting["done"]
+
+
+# Hands a scene or a scene line its messages; true when one took it.
+func _route_scene(message: Dictionary) -> bool:
+	var type: String = message["type"]
+	if type == "SceneState" or type == "SceneEnd":
+		var scene = _scenes.get(message["scene_id"])
+		if scene == null:
+			return false
+		if type == "SceneState":
+			scene._on_state(message)
+		else:
+			_scenes.erase(message["scene_id"])
+			scene._on_end(str(message.get("reason", "ended")))
+		for call in _scene_calls:
+			if call["scene"] == scene:
+				call["done"] = true
+		return true
+	var talk = _scene_talks.get(message.get("turn_id"))
+	if talk != null:
+		if type == "SceneTurn":
+			talk._on_turn(message)
+			return true
+		if type == "LLMStreamDelta":
+			talk._on_delta(message)
+			return true
+		if type in ["ToolCall", "Error"]:
+			talk._on_event(message)
+			return true
+	if type == "Error" and message.get("ref") != null:
+		var kind: String = str(message["ref"]).split(".")[0]
+		for call in _scene_calls:
+			if call["kind"] == kind and not call["done"]:
+				var refused := MythicError.new(
+					MythicError.SERVER,
+					message["code"],
+					message["message"],
+					str(message["ref"]),
+					message.get("retryable", false)
+				)
+				refused.error = message
+				call["result"] = refused
+				call["done"] = true
+				return true
+	return false
+
+
 # Answers a tool call (what the tool handler does for you): `call` is the ToolCall (or any
 # Dictionary with its turn_id and call_id). Null when sent, else a MythicError.
 func ack(call: Dictionary, status: String, result = null, message := ""):
@@ -468,6 +579,8 @@ func _route(message: Dictionary) -> void:
 	var type: String = message["type"]
 	if type == "ToolCall" and tool_handler != null:
 		_answer(message)
+	if _route_scene(message):
+		return
 	var turn = _turns.get(message.get("turn_id"))
 	if turn != null and type in ["LLMStreamDelta", "ToolCall", "Cutoff", "Error"]:
 		turn._receive(message)
