@@ -49,6 +49,8 @@ def test_sim_writes_a_replay_page_of_the_run(tmp_path: Path) -> None:
 
 
 def test_sim_gets_intents_from_its_own_server_and_applies_them() -> None:
+    """Intents from its own server, and a scene beside them (--scene: three NPCs, a line to
+    each by name, their ambient talk) from a client process of its own."""
     result = mythic(
         "sim",
         "--world",
@@ -60,7 +62,10 @@ def test_sim_gets_intents_from_its_own_server_and_applies_them() -> None:
         "--seconds",
         "25",
         "--realtime",
-        timeout=600,
+        "--scene",
+        "--scene-npcs",
+        "marla,captain_strand,countess_isolde",
+        timeout=1200,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     linux = hasattr(os, "sched_getaffinity") and hasattr(os, "geteuid")
@@ -69,6 +74,9 @@ def test_sim_gets_intents_from_its_own_server_and_applies_them() -> None:
     assert _numbers(result.stdout, "intents sent") > 0
     assert _numbers(result.stdout, "applied") > 0, result.stdout
     assert _numbers(result.stdout, "gold") > 0
+    scene = "scene marla, captain_strand, countess_isolde: 3 lines, 3 answered by the NPC named"
+    assert scene in result.stdout, result.stdout
+    assert re.search(r"scene ambient \d/4 lines said", result.stdout), result.stdout
 
 
 def test_sim_refuses_bad_numbers_with_a_message() -> None:
@@ -76,6 +84,17 @@ def test_sim_refuses_bad_numbers_with_a_message() -> None:
     assert result.returncode == 2
     assert "horde" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_sim_refuses_a_scene_it_cannot_hold() -> None:
+    for args, said in (
+        (("--no-model", "--scene"), "--scene needs the model"),
+        (("--scene", "--scene-npcs", "marla,nobody_here"), "nobody_here not in Ravenmoor"),
+        (("--scene", "--scene-npcs", "marla"), "two NPCs or more"),
+    ):
+        result = mythic("sim", "--world", str(EXAMPLE_WORLD), "--seconds", "1", *args)
+        assert result.returncode == 2, result.stderr
+        assert said in result.stderr and "Traceback" not in result.stderr
 
 
 def test_sim_runs_far_off_npcs_every_frame_or_every_other_and_refuses_zero() -> None:

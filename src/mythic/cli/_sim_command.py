@@ -76,6 +76,19 @@ def sim(
             "makes a due frame wait.",
         ),
     ] = False,
+    scene: Annotated[
+        bool,
+        typer.Option(
+            "--scene/--no-scene",
+            help="Also hold a scene while the region runs: the player at a table with three of "
+            "the world's NPCs, a line to each by name, then the NPCs talk among themselves "
+            "(a client process of its own, on the model's cores).",
+        ),
+    ] = False,
+    scene_npcs: Annotated[
+        str | None,
+        typer.Option(help="The scene's NPCs, comma-separated (default: the world's first three)."),
+    ] = None,
 ) -> None:
     """A headless region: a player walks through a town, its monsters and a zombie horde, every
     NPC steered at frame rate by the game-side controller while the NPCs near the player get
@@ -97,6 +110,8 @@ def sim(
             bronze_every,
             bronze_per_frame,
             realtime,
+            scene,
+            scene_npcs,
         )
     )
 
@@ -117,6 +132,8 @@ def _sim(
     bronze_every: int,
     bronze_per_frame: int,
     realtime: bool,
+    scene: bool = False,
+    scene_npcs: str | None = None,
 ) -> None:
     import contextlib
     import dataclasses
@@ -135,10 +152,15 @@ def _sim(
         spawned_server,
         speakers,
     )
+    from mythic.cli._sim_scene import describe, plan_scene, scene_player
     from mythic.control import Controller, split_cores
 
     if intents not in ("process", "thread"):
         raise MythicError(f"--intents must be 'process' or 'thread', not {intents!r}")
+    if scene and not model:
+        raise MythicError("--scene needs the model's replies: leave out --no-model")
+    named = [n.strip() for n in (scene_npcs or "").split(",") if n.strip()]
+    table = plan_scene(world, named or None) if scene else None
     try:
         spec = RegionSpec(npcs=npcs, horde=horde, seed=seed)
         settings = dataclasses.replace(
@@ -171,8 +193,16 @@ def _sim(
             stack.enter_context(
                 intent_source(controller, server, speaker_of, kind, cpus=model_cpus)
             )
+        scene_result = None
+        scene_lines: list[str] = []
+        if table is not None and server is not None:
+            scene_result = stack.enter_context(scene_player(server, table, cpus=model_cpus))
+            err.print(f"holding a scene with {', '.join(table.npcs)} beside the region")
         err.print(f"running {npcs} NPCs ({horde} in the horde) for {seconds:g} s at {fps:g} fps")
         run = run_paced(controller, path, seconds=seconds, fps=fps, recorder=recorder)
+        if scene_result is not None and table is not None:
+            err.print("the region is done; waiting for the scene to end...")
+            scene_lines = describe(scene_result(), table)
     if recorder is not None and view is not None:
         recorder.write(view, title=f"mythic sim: {npcs} NPCs")
         err.print(f"wrote the replay to {view}")
@@ -197,3 +227,6 @@ def _sim(
         f"interactions {stats.prediction_hits + stats.prediction_misses}  predicted {hit}  "
         f"prefetches {stats.prefetches}"
     )
+    if table is not None:
+        for line in scene_lines:
+            out.print(line)

@@ -25,7 +25,6 @@ from mythic.contracts import (
 )
 
 
-
 class SceneHost(Protocol):
     """What a scene needs of its client (`MythicClient`)."""
 
@@ -37,6 +36,7 @@ class SceneHost(Protocol):
     async def send(self, message: ClientMessage) -> None: ...
 
     async def _scene_call(self, scene: Scene, message: ClientMessage, kind: str) -> None: ...
+
 
 SceneEvent = SceneTurn | LLMStreamDelta | ToolCall | Error
 """What a `SceneTalk` yields: who answers next (`SceneTurn`), the replies' deltas, their
