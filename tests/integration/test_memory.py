@@ -103,6 +103,46 @@ async def test_memory_survives_a_restart_and_the_7_and_31_day_windows(
         assert "I pulled you out of the river, Marla." in texts
 
 
+async def test_what_one_faction_member_learns_of_a_player_its_faction_knows(
+    tmp_path: Path, redis_prefix: str, postgres_dsn: str
+) -> None:
+    """A salient fact one member of the Night Watch learns of a player is in every member's
+    memory of that player (as the faction's, not its own), after a restart too (Redis and
+    PostgreSQL keep it); an NPC outside the faction never has it."""
+    settings = memory_settings(tmp_path, redis_prefix, postgres_dsn)
+    watch = {"captain_strand": "night_watch", "bran": "night_watch"}
+    async with Memory(settings) as memory:
+        memory.factions = dict(watch)
+        memory.record_event(
+            "captain_strand",
+            "p-f",
+            "s1",
+            "the player was caught at the postern gate after curfew",
+            fact=Fact("the player was caught at the postern gate after curfew", 8),
+        )
+        bran = memory.context("bran", "p-f")
+        assert bran is not None and "What your faction knows of the player" in bran
+        assert "postern gate after curfew" in bran
+        captain = memory.context("captain_strand", "p-f")
+        assert captain is not None and "What you remember about the player" in captain
+        assert "What your faction knows" not in captain  # her own, said once
+        assert memory.context("marla", "p-f") is None
+        await memory.settle()
+    async with Memory(settings) as memory:  # a new process: hot is empty
+        memory.factions = dict(watch)
+        await memory.prefetch("bran", "p-f")
+        bran = memory.context("bran", "p-f")
+        assert bran is not None and "postern gate after curfew" in bran
+        await memory.prefetch("marla", "p-f")
+        assert memory.context("marla", "p-f") is None
+        shown = await memory.show("p-f")
+        assert "faction:night_watch" in shown["warm"]
+        forgotten = await memory.forget("p-f")  # the faction's memory of them goes too
+        assert forgotten["warm"] >= 2
+        await memory.prefetch("bran", "p-f")
+        assert memory.context("bran", "p-f") is None
+
+
 async def test_postgres_cut_off_mid_conversation_loses_no_event(
     tmp_path: Path, redis_prefix: str, postgres_dsn: str
 ) -> None:

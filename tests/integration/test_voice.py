@@ -381,3 +381,43 @@ async def test_a_client_that_stops_streaming_in_a_pause_is_still_heard(
         await turn.wait(180)
     assert turn.transcript is not None and sounds_like(turn.transcript, QUESTION), turn.transcript
     assert turn.text.strip()
+
+
+async def test_a_scenes_replies_are_spoken_each_in_its_npcs_voice_with_visemes(
+    engines: tuple[Engine, Engine], settings: MythicSettings
+) -> None:
+    """In a voice session a scene's replies stream as speech like any reply: the player's line
+    to the NPC it names, then the NPCs' ambient exchange, each reply's TTSChunks in order (seq
+    0, 1, ..., the last final) with visemes, under the reply's turn id and its NPC's id."""
+    from mythic.contracts import TTSChunk
+
+    async with (
+        voice_server(engines, settings) as (address, _),
+        MythicClient(
+            f"ws://{address}/v1/ws", voice=VoiceFormat(binary=True), timeout_s=120
+        ) as client,
+        asyncio.timeout(600),
+    ):
+        scene = await client.start_scene("snug", ["marla", "captain_strand"], max_exchanges=0)
+        talks = [await (await scene.say("Marla, is the fire lit tonight?")).wait()]
+        talks.append(await (await scene.ambient(2, opener="captain_strand")).wait())
+        replies = [r for t in talks for r in t.replies if r.text.strip()]
+        assert replies and replies[0].npc_id == "marla", [t.replies for t in talks]
+        assert any(r.npc_id == "captain_strand" for r in replies), [t.replies for t in talks]
+        chunks: dict[str, list[TTSChunk]] = {}
+
+        def spoken() -> bool:
+            while not client.events.empty():
+                event = client.events.get_nowait()
+                if isinstance(event, TTSChunk):
+                    chunks.setdefault(event.turn_id, []).append(event)
+            return all(any(c.final for c in chunks.get(r.turn_id, [])) for r in replies)
+
+        await until(spoken, timeout_s=300)
+        await scene.end()
+    for reply in replies:
+        audio = chunks[reply.turn_id]
+        assert {c.npc_id for c in audio} == {reply.npc_id}
+        assert [c.seq for c in audio] == list(range(len(audio))), reply.turn_id
+        assert audio[-1].final and not any(c.final for c in audio[:-1])
+        assert all(c.pcm for c in audio[:-1]) and any(c.visemes for c in audio), reply.turn_id

@@ -361,6 +361,9 @@ class Cast:
                 for npc_id, p in world.npcs.items()
             }
             self.stage.memory.game_ago = world.card.calendar.ago
+            self.stage.memory.factions = {
+                npc_id: p.faction for npc_id, p in world.npcs.items() if p.faction is not None
+            }
 
     @staticmethod
     def check_world(world: World) -> None:

@@ -40,6 +40,8 @@ from mythic.memory._warm import FallbackWarm, RedisWarm, SqliteWarm, WarmStore
 log = logging.getLogger(__name__)
 
 _MAX_WARM_BACKLOG = 100_000
+_FACTION = "faction:"
+"""The NPC id of a faction's shared memory of a player: `faction:<faction id>`."""
 _WARM_PAIRS_AT_ONCE = 32
 
 
@@ -100,6 +102,10 @@ class Memory:
         self.game_now: dict[str, int] = {}
         """The game's time as each NPC was last told it (`set_game_time`), in minutes of the
         world's calendar: every record of the NPC carries it."""
+        self.factions: dict[str, str] = {}
+        """Set by the dialogue layer: each NPC's faction (its card's `faction`). What one
+        member learns of a player (its salient facts) its faction knows: the others are told
+        it (`faction_pair`)."""
         self.game_ago: Callable[[int, int], str] | None = None
         """Set by the dialogue layer: how long ago a game time was, in the world's calendar
         ("yesterday", "last winter": `knowledge.Calendar.ago`)."""
@@ -285,12 +291,33 @@ class Memory:
         )
         return card
 
+    def faction_pair(self, npc_id: str, player_id: str) -> Pair | None:
+        """Where `npc_id`'s faction keeps what its members know of `player_id` (None: the NPC
+        has no faction). Its own NPC id, `faction:<id>`, is no NPC's (theirs are slugs)."""
+        faction = self.factions.get(npc_id)
+        return None if faction is None else (f"{_FACTION}{faction}", player_id)
+
     def _merge_facts(
         self, pair: Pair, new: list[Fact], session_id: str | None, game_time: int | None = None
     ) -> None:
+        shared = self.faction_pair(*pair)
+        if shared is not None:
+            # What a member learns, its faction knows (its own record, the member's name on it).
+            self._merge_into(shared, new, session_id, game_time, game_npc=pair[0])
+        self._merge_into(pair, new, session_id, game_time, game_npc=pair[0])
+
+    def _merge_into(
+        self,
+        pair: Pair,
+        new: list[Fact],
+        session_id: str | None,
+        game_time: int | None,
+        *,
+        game_npc: str,
+    ) -> None:
         entry = self.hot.entry(pair)
         now = self.clock.now()
-        game_now = self.game_now.get(pair[0])
+        game_now = self.game_now.get(game_npc)
         entry.facts = merge_facts(
             entry.facts,
             [f if f.game_time is not None else _dated(f, game_time) for f in new],
@@ -361,6 +388,15 @@ class Memory:
         reply. Waits at most `prefetch_timeout_s`; on timeout or a warm failure, hot is used as
         it is (and the load still lands when it completes)."""
         pair = (npc_id, player_id)
+        shared = self.faction_pair(npc_id, player_id)
+        if shared is not None and not self.hot.entry(shared).prefetched:
+            # The faction's knowledge of the player, loaded beside the NPC's own, within the
+            # same bound (each lands later when it is not in by then).
+            own, _ = await asyncio.gather(self._prefetch(pair), self._prefetch(shared))
+            return own
+        return await self._prefetch(pair)
+
+    async def _prefetch(self, pair: Pair) -> HotEntry:
         entry = self.hot.entry(pair)
         if entry.prefetched:
             return entry
@@ -404,11 +440,14 @@ class Memory:
         conversations (not `session_id`'s own, which the prompt's history has). Cut to
         `max_chars` by dropping the oldest summaries, then the least salient facts."""
         entry = self.hot.get((npc_id, player_id))
-        if entry is None:
+        shared = self.faction_pair(npc_id, player_id)
+        faction = self.hot.get(shared) if shared is not None else None
+        if entry is None and faction is None:
             return None
         limit = self.settings.context_chars if max_chars is None else max_chars
         return render_context(
-            entry,
+            entry if entry is not None else HotEntry(deque()),
+            faction=faction,
             now=self.clock.now(),
             session_id=session_id,
             max_chars=limit,
@@ -630,10 +669,12 @@ def render_context(
     half_life_days: float,
     game_now: int | None = None,
     game_ago: Callable[[int, int], str] | None = None,
+    faction: HotEntry | None = None,
 ) -> str | None:
     """The `## Recent Memory` text of a hot entry, at most `max_chars` long. A summary the
     game dated is said as long ago in the game's calendar (`game_ago`, from `game_now`);
-    facts fade by the game's days when dated (`Fact.score`)."""
+    facts fade by the game's days when dated (`Fact.score`). `faction`: what the NPC's
+    faction knows of the player, its members' facts the NPC does not hold itself."""
 
     def ago(summary: Summary) -> str:
         if game_now is not None and game_ago is not None and summary.game_time is not None:
@@ -667,19 +708,31 @@ def render_context(
             entry.facts, key=lambda f: f.score(now, half_life_days, game_now), reverse=True
         )
     ]
+    own = [f.text for f in entry.facts]
+    known = [
+        dated(f)
+        for f in sorted(
+            faction.facts if faction is not None else [],
+            key=lambda f: f.score(now, half_life_days, game_now),
+            reverse=True,
+        )
+        if not any(same_fact(f.text, mine) for mine in own)
+    ]
     summaries = [f"- {ago(s)}: {s.text}" for s in entry.summaries]
     earlier = [t for t in entry.turns if t.session_id != session_id][-4:]
     last = [
         f"- {'The player' if t.role == 'player' else 'You'}: {' '.join(t.text.split())[:200]}"
         for t in earlier
     ]
-    if not (head or facts or summaries or last):
+    if not (head or facts or known or summaries or last):
         return None
 
     def build() -> str:
         parts = ["## Recent Memory", *head]
         if facts:
             parts += ["What you remember about the player:", *facts]
+        if known:
+            parts += ["What your faction knows of the player (from its other members):", *known]
         if summaries:
             parts += ["Your earlier conversations:", *summaries]
         if last:
@@ -687,11 +740,13 @@ def render_context(
         return "\n".join(parts)
 
     text = build()
-    while len(text) > max_chars and (summaries or facts or last):
+    while len(text) > max_chars and (summaries or facts or known or last):
         if len(summaries) > 1 or (summaries and not facts):
             summaries.pop(0)
         elif last:
             last.pop(0)
+        elif known:
+            known.pop()
         elif facts:
             facts.pop()
         text = build()
