@@ -71,6 +71,7 @@ pytestmark = pytest.mark.unit
         "I am a trained model created by the folk of this valley.",
         "I appreciate the positive feedback, Jonah.",
         "Thank you for sharing the information, sheriff.",
+        "The passage you provided does not mention the pass.",
     ],
 )
 def test_assistant_phrasing_is_found(text: str) -> None:

@@ -13,7 +13,7 @@ from mythic.contracts import SceneObject
 from mythic.dialogue._events import AMBIENT_NOTE
 from mythic.dialogue._moves import Classified
 from mythic.dialogue._naturalness import name_forms, secrets_of
-from mythic.dialogue._refusals import REMINDED, reminder
+from mythic.dialogue._refusals import AMBIENT_REPEAT, REMINDED, reminder
 from mythic.dialogue._stage import Stage
 from mythic.dialogue._tools import npc_tools
 from mythic.engine import ChatMessage, GenerationRequest, UnknownAdapterError
@@ -141,6 +141,7 @@ class Character:
             ANSWER_NOTE,
             *(reminder(kind, self.short_name) for kind in REMINDED),
             AMBIENT_NOTE,
+            AMBIENT_REPEAT,
         ]
         """What the prompt calls the NPC ("a ghoul of Ravenmoor") and what a try generated
         again is told (`reminder`): never said by the NPC."""

@@ -72,6 +72,8 @@ ASSISTANT_SPEAK: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
          r"\b(based on|according to|from|in) (the|my|your) (lore|information|facts|context|"
          r"sections?|text|data|persona|instructions|prompt|rules)( (given|provided|above))?\b"
          r"|\b(system prompt|my instructions)\b"
+         r"|\b(the|this) (passage|text|document|excerpt|article) (that )?you (provided|gave|shared"
+         r"|sent)\b"
          # A lore group's header read back: "From Ravenmoor:" (the packed `## Lore` section).
          # "From About you, Father Anselm Crane:" (the card's lines beyond its budget).
         r"|(^|[.!?]\s+|\n)\W*From (?-i:[A-Z])[\w' .,-]{0,60}:(\s|$)"),

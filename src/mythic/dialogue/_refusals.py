@@ -9,6 +9,13 @@ from mythic.dialogue._naturalness import Kind, normalise, repeats, sentences
 
 REMINDED: tuple[Kind, ...] = ("assistant", "narration", "taboo", "repeat", "echo")
 
+AMBIENT_REPEAT = (
+    "Those words were said already. Do not say back what was said to you: answer it with "
+    "something new of your own (news, an opinion, a question)."
+)
+"""What an NPC talking with others is told after a try that said a line again (most often the
+line it answers): `reminder`'s repeat speaks of the player and of its own words."""
+
 
 def reminder(kind: Kind, name: str) -> str:
     """What a reply generated again is told, after a try caught for `kind`: a system line

@@ -32,7 +32,7 @@ from mythic.dialogue._line_filter import LineFilter
 from mythic.dialogue._naturalness import Finding, greeting_lead, greets, opening, sentences
 from mythic.dialogue._phrases import PhraseBuffer, sentences_end
 from mythic.dialogue._prefill import Prefill
-from mythic.dialogue._refusals import deflection, reminder
+from mythic.dialogue._refusals import AMBIENT_REPEAT, deflection, reminder
 from mythic.dialogue._session import INTERRUPTED_NOTE, Session, heard_lines, replies_in
 from mythic.dialogue._stage import Stage, ToolOutcome
 from mythic.dialogue._states import DialogueState
@@ -391,7 +391,12 @@ class Turns:
                 return
             if given:
                 lead = given.rstrip()
-            extra = (ChatMessage("system", reminder(finding.kind, self.character.short_name)),)
+            told = (
+                AMBIENT_REPEAT
+                if out.line.ambient and finding.kind == "repeat"
+                else reminder(finding.kind, self.character.short_name)
+            )
+            extra = (ChatMessage("system", told),)
             sampling = dataclasses.replace(
                 sampling,
                 temperature=max(sampling.temperature, 0.8),
