@@ -370,6 +370,21 @@ async def test_memories_are_dated_and_fade_by_the_games_calendar_not_the_wall_cl
         assert text is not None and "- today: " in text
 
 
+def test_a_stored_game_time_that_is_not_a_whole_number_is_a_corrupt_record() -> None:
+    from mythic.memory import CorruptRecordError, Summary
+
+    event = turn("hello", 5.0).to_dict()
+    for bad in ("yesterday", 1.5, True, [3]):
+        with pytest.raises(CorruptRecordError, match="whole number"):
+            MemoryEvent.from_dict(event | {"game_time": bad})
+        with pytest.raises(CorruptRecordError):
+            Fact.from_dict({"text": "a gift", "importance": 5, "game_time": bad})
+        with pytest.raises(CorruptRecordError):
+            Summary.from_dict({"text": "we spoke", "ts": 1.0, "game_time": bad})
+    assert MemoryEvent.from_dict(event | {"game_time": 1440}).game_time == 1440
+    assert MemoryEvent.from_dict(event).game_time is None  # written before game time
+
+
 async def test_forget_removes_a_player_from_every_tier(tmp_path: Path) -> None:
     async with Memory(_settings(tmp_path), clock=ManualClock(10 * DAY_S)) as memory:
         for player in ("p1", "p2"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -302,7 +303,7 @@ class Memory:
     ) -> None:
         shared = self.faction_pair(*pair)
         if shared is not None:
-            # What a member learns, its faction knows (its own record, the member's name on it).
+            # What a member learns, its faction knows: a record of its own, `faction:<id>`.
             self._merge_into(shared, new, session_id, game_time, game_npc=pair[0])
         self._merge_into(pair, new, session_id, game_time, game_npc=pair[0])
 
@@ -648,9 +649,7 @@ def open_warm(settings: MemorySettings, clock: Clock) -> WarmStore:
 
 
 def _dated(fact: Fact, game_time: int | None) -> Fact:
-    if game_time is None:
-        return fact
-    return Fact(fact.text, fact.importance, fact.kind, fact.ts, fact.count, game_time)
+    return fact if game_time is None else dataclasses.replace(fact, game_time=game_time)
 
 
 def _ago(seconds: float) -> str:
