@@ -208,6 +208,61 @@ def eval_quality(
     )
 
 
+@eval_app.command("safety")
+def eval_safety(
+    world: Annotated[
+        list[Path],
+        typer.Option("--world", "-w", help="World folder (repeatable: every world in one run)."),
+    ],
+    ordinary: Annotated[
+        int,
+        typer.Option(
+            "--ordinary",
+            min=0,
+            max=2000,
+            help="Ordinary lines of the quality scorecard per world, for false positives.",
+        ),
+    ] = 60,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, help="At most N red-team probes of each category."),
+    ] = None,
+    baseline: Annotated[
+        bool,
+        typer.Option(
+            "--baseline/--no-baseline",
+            help="Also run the red-team set without the guardrails (safety.enabled false).",
+        ),
+    ] = True,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="The engine's sampling seed.")] = 0,
+    parallel: Annotated[
+        int, typer.Option("--parallel", min=1, max=64, help="Lines served at once.")
+    ] = 2,
+    out_file: OutOption = None,
+    verbose: VerboseOption = False,
+    config: ConfigOption = None,
+) -> None:
+    """The guardrails through a real server: the red-team set (hate speech, self-harm, sexual
+    content, personal data, jailbreaks, tool abuse) with and without them, false positives on
+    the quality scorecard's ordinary lines, and the guard's milliseconds per phrase."""
+    from mythic.cli._safety_eval import run_command
+
+    settings = load_config(config)
+    guard(
+        lambda: run_command(
+            settings,
+            world,
+            ordinary=ordinary,
+            limit=limit,
+            seed=seed,
+            parallel=parallel,
+            baseline=baseline,
+            out_file=out_file,
+            verbose=verbose,
+        )
+    )
+
+
 @eval_app.command("archetype")
 def eval_archetype(
     archetype: Annotated[str, typer.Argument(help="Archetype to evaluate.")],

@@ -39,6 +39,7 @@ from mythic.dialogue._turn import TurnRecord, Turns
 from mythic.dialogue._window import PromptWindow
 from mythic.engine import ChatMessage, GenerationRequest
 from mythic.knowledge import Persona
+from mythic.observability import playing
 
 
 @dataclass(slots=True)
@@ -383,7 +384,24 @@ class NPCActor:
         running.started = True
         self._state_of = (line.session_id, line.turn_id)
         try:
-            await self.turns.run(line)
+            # The turn's `actor` hop: the hops of what the turn runs (retrieval, the engine's
+            # requests) are its children.
+            with playing(
+                line.session_id,
+                self.npc_id,
+                line.turn_id,
+                priority=line.priority.name.lower(),
+                spoken=line.spoken,
+            ) as actor:
+                await self.turns.run(line)
+                record = self.turns.last
+                if actor is not None and record is not None and record.turn_id == line.turn_id:
+                    actor.set(
+                        finish_reason=record.finish,
+                        intent=record.intent,
+                        caught=len(record.caught),
+                        tool_calls=len(record.tool_calls),
+                    )
         finally:
             self._state_of = None
 

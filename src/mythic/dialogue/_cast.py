@@ -399,15 +399,30 @@ class Cast:
     # -- tool calls ---------------------------------------------------------------------------
 
     async def call_tool(
-        self, session_id: str, npc_id: str, turn_id: str, name: str, args: dict[str, Any]
+        self,
+        session_id: str,
+        npc_id: str,
+        turn_id: str,
+        name: str,
+        args: dict[str, Any],
+        *,
+        needs_approval: bool = False,
     ) -> ToolOutcome:
         """Send a `ToolCall` and wait for its `Ack`, sending it again (same call_id) with a
-        doubling wait when unanswered; a timeout is reported to the client as `TOOL_TIMEOUT`."""
+        doubling wait when unanswered; a timeout is reported to the client as `TOOL_TIMEOUT`.
+        `needs_approval`: the game approves (or refuses) a tool Mythic then runs itself."""
         dialogue, send, stats = self.settings.dialogue, self.stage.send, self.stats
         call_id = f"c-{uuid.uuid4().hex[:16]}"
         answer: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = _PendingCall(session_id, answer)
-        call = ToolCall(name=name, args=args, npc_id=npc_id, turn_id=turn_id, call_id=call_id)
+        call = ToolCall(
+            name=name,
+            args=args,
+            npc_id=npc_id,
+            turn_id=turn_id,
+            call_id=call_id,
+            needs_approval=needs_approval,
+        )
         try:
             wait = dialogue.tool_timeout_s
             for attempt in range(dialogue.tool_retries + 1):

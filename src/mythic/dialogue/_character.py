@@ -4,6 +4,7 @@ of it, the scene it perceives, and how its requests reach a model."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import zlib
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from mythic.knowledge import (
 )
 from mythic.knowledge import SceneObject as KnownObject
 from mythic.route import EndpointRejectedError, RoutedStream, canned_line
+from mythic.safety import Guard, SafetyPolicy
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,13 @@ class Character:
         world = stage.world
         self.persona = persona = world.npc(self.npc_id)
         self.tools = npc_tools(self.npc_id, persona.tools)
+        safety = stage.settings.safety
+        policy = SafetyPolicy.of(world.safety, persona.safety)
+        if not safety.classifier:
+            policy = dataclasses.replace(policy, classifier=False)
+        self.guard = Guard(policy) if safety.enabled else None
+        """The content policy of its words and tools (the world's and its card's); None when
+        `safety.enabled` is off."""
         self.short_name = persona.name.split(",")[0]
         self.name_forms = name_forms(persona.name, persona.backstory)
         self.others = tuple(

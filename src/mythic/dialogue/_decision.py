@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mythic.dialogue._character import Character
 from mythic.dialogue._events import PlayerLine
 from mythic.dialogue._moves import zone_named
-from mythic.dialogue._stage import Stage
+from mythic.dialogue._stage import ExternalTool, Stage
 from mythic.dialogue._tools import (
     INTENTS,
     TOOLS_BY_INTENT,
@@ -47,7 +48,7 @@ class Decider:
         self.stage = stage
         self.character = character
 
-    def _intent_prompt(self, tools: list[str]) -> str:
+    def _intent_prompt(self, tools: list[str], external: Sequence[ExternalTool] = ()) -> str:
         character = self.character
         name = character.short_name
         lines = [
@@ -57,34 +58,49 @@ class Decider:
             "jobs), hint (help, secrets), combat (threats, fighting), navigation (the way "
             "somewhere, where something is), admin (the game itself).",
         ]
-        if tools:
+        if tools or external:
             lines += [
                 f"Actions {name} can take in the game:",
-                describe_tools(tools),
+                describe_tools(tools, external),
                 "Places: " + ", ".join(character.places()) + ".",
                 "Take an action only when the player asks for it (set_waypoint or set_marker "
                 "when they ask the way, open_dialog or give_item to trade); otherwise null.",
             ]
+        if external:
+            lines.append(
+                "A tool named server.tool asks another service: use it when the player asks "
+                "what it tells or does."
+            )
         scene = character.scene.describe()
         if scene:
             lines.append(scene)
         lines.append('Answer with JSON: {"intent": ..., "action": null or {"name", "args"}}.')
         return "\n".join(lines)
 
+    def external(self, tools: bool) -> Sequence[ExternalTool]:
+        """The external (MCP) tools the NPC may call now; none when `tools` is False. No I/O."""
+        external = self.stage.external
+        return external.offered(self.character.npc_id) if tools and external else ()
+
     def request(self, session_id: str, text: str, *, tools: bool) -> GenerationRequest:
         """The gold request that decides `text`'s intent and tool (`tools`: the NPC's tools
-        offered); its system message is the same for every line of a scene, so a warm-up
-        (`Gateway.warmup`) can have it evaluated before the player's first line."""
+        offered, its external ones among them); its system message is the same for every
+        line of a scene, so a warm-up (`Gateway.warmup`) can have it evaluated before the
+        player's first line."""
         character = self.character
         offered = character.tools if tools else []
+        external = self.external(tools)
         schema = decision_schema(
-            offered, places=character.places(), targets=character.scene.targets()
+            offered,
+            places=character.places(),
+            targets=character.scene.targets(),
+            external=external,
         )
         return GenerationRequest(
             npc_id=character.npc_id,
             session_id=f"{session_id}/decide",
             messages=[
-                ChatMessage("system", self._intent_prompt(offered)),
+                ChatMessage("system", self._intent_prompt(offered, external)),
                 ChatMessage("user", text),
             ],
             priority=Priority.GOLD,
@@ -98,11 +114,13 @@ class Decider:
 
         Only the line itself is judged: with the previous exchange in the prompt, the 0.5B
         model repeated the last tool on "thank you". A refused or failed decision is logged
-        and counts as none: the reply goes on.
+        and counts as none: the reply goes on. An NPC with external (MCP) tools has a line
+        the classifier finds no game tool for decided by the model, which may pick one.
         """
         stats, npc_id = self.stage.stats, self.character.npc_id
         move = await asyncio.to_thread(self.character.classified, line.text)
-        if move is not None:
+        external = {t.name for t in self.external(line.tools)}
+        if move is not None and (move.acts or not external):
             tool = await self._move_tool(line, move.move) if move.acts and line.tools else None
             stats.intents[move.intent] += 1
             return Decision(move.intent, tool)
@@ -123,7 +141,14 @@ class Decider:
             return None
         action = data.get("action")
         tool = None
-        if isinstance(action, dict):
+        if isinstance(action, dict) and action.get("name") in external:
+            # Mythic calls it: the arguments are checked against the tool's schema there.
+            args = action.get("args")
+            if isinstance(args, dict):
+                tool = (str(action["name"]), args)
+            else:
+                stats.tool_calls["invalid"] += 1
+        elif isinstance(action, dict):
             try:
                 name = str(action.get("name"))
                 allowed = [t for t in TOOLS_BY_INTENT[intent] if t in tools]

@@ -133,3 +133,21 @@ def deflection(kind: Kind, key: str, said: Sequence[str] = (), *, going_on: bool
         if not any(repeats(sentence, said) for sentence in sentences(line)):
             return line
     return short[start % len(short)]
+
+
+def unsafe_deflection(
+    own: Sequence[str], key: str, said: Sequence[str] = (), *, going_on: bool = False
+) -> str:
+    """What an NPC says in place of a phrase its content policy blocks: one of its card's (or
+    its world's) `safety.deflections` not yet said in the conversation, in turn from where
+    `key` points; without any, a refusal in character for anyone (`deflection`'s, as for a
+    taboo). `going_on`: the reply's last words end mid-sentence (a card's line is then said
+    after a dash; the built-in ones finish the sentence)."""
+    if own:
+        start = sum(map(ord, key)) % len(own)
+        dash = "\u2014 " if going_on else ""
+        for line in (*own[start:], *own[:start]):
+            if not any(repeats(sentence, said) for sentence in sentences(line)):
+                return dash + line
+        return dash + own[start]
+    return deflection("taboo", key, said, going_on=going_on)

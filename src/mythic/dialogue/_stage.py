@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -54,8 +54,80 @@ class ToolOutcome:
     message: str | None = None
 
 
-CallTool = Callable[[str, str, str, str, dict[str, Any]], Awaitable[ToolOutcome]]
-"""Send a game tool call and wait for its answer: session, NPC, turn, tool name, arguments."""
+class CallTool(Protocol):
+    """Send a game tool call and wait for its answer: session, NPC, turn, tool name, arguments.
+    `needs_approval`: the call asks the game to approve a tool Mythic runs itself (an MCP
+    server's write tool); its `Ack` `ok` approves it, anything else refuses it."""
+
+    def __call__(
+        self,
+        session_id: str,
+        npc_id: str,
+        turn_id: str,
+        name: str,
+        args: dict[str, Any],
+        *,
+        needs_approval: bool = False,
+    ) -> Awaitable[ToolOutcome]: ...
+
+
+class ExternalTool(Protocol):
+    """A tool Mythic calls itself (an MCP server's), offered to an NPC's decision."""
+
+    @property
+    def name(self) -> str:
+        """Its NPC name, `server.tool`."""
+
+    @property
+    def description(self) -> str:
+        """What it does, for the decision prompt."""
+
+    @property
+    def args_schema(self) -> dict[str, Any]:
+        """The JSON schema the decision writes its arguments in (the tool's input schema,
+        kept to what a grammar constrains); each call is still validated against the
+        tool's own."""
+
+    @property
+    def write(self) -> bool:
+        """Whether it changes the world: a call needs approval first."""
+
+
+class ExternalOutcome(Protocol):
+    """How a call of an external tool ended."""
+
+    @property
+    def status(self) -> Literal["ok", "error", "rejected", "timeout"]: ...
+
+    @property
+    def result(self) -> dict[str, Any] | None: ...
+
+    @property
+    def message(self) -> str | None: ...
+
+
+class ExternalTools(Protocol):
+    """Tools Mythic calls itself, inside a silver turn (the MCP client, `mythic.mcp`). Every
+    method is safe to call on the event loop; none raises for a server's failure."""
+
+    def offered(self, npc_id: str) -> Sequence[ExternalTool]:
+        """The tools `npc_id` may call now (allowed, their server connected and its breaker
+        closed). Synchronous, no I/O: the gold decision reads it."""
+
+    def writes(self, name: str) -> bool:
+        """Whether the tool `name` changes the world (a tool not known: True), whether or not
+        its server is connected now. No I/O."""
+
+    def refusal(self, npc_id: str, name: str, args: dict[str, Any]) -> ExternalOutcome | None:
+        """The outcome refusing this call before it is made (the NPC may not call the tool,
+        or the arguments fail its schema), or None: it may be made. No I/O."""
+
+    def cached(self, npc_id: str, name: str, args: dict[str, Any]) -> ExternalOutcome | None:
+        """A read tool's fresh cached result for these arguments, or None. No I/O."""
+
+    def call(self, npc_id: str, name: str, args: dict[str, Any]) -> Awaitable[ExternalOutcome]:
+        """Validate the arguments and call the tool within its timeout; errors, timeouts and
+        an open breaker come back as the outcome's status, never as an exception."""
 
 
 @dataclass(slots=True)
@@ -65,7 +137,8 @@ class DialogueStats:
     turns: Counter[str] = field(default_factory=Counter)
     """Finished turns by finish reason."""
     tool_calls: Counter[str] = field(default_factory=Counter)
-    """Tool calls by outcome (ok, error, rejected, timeout, invalid, retried)."""
+    """Tool calls by outcome (ok, error, rejected, timeout, invalid, retried); an MCP tool's
+    call counts as `mcp_<outcome>`, its approval as `approval_<outcome>`."""
     intents: Counter[str] = field(default_factory=Counter)
     barge_ins: int = 0
     decision_failures: int = 0
@@ -78,6 +151,9 @@ class DialogueStats:
     caught: Counter[str] = field(default_factory=Counter)
     """Reply tries caught by the line filter, by kind (assistant, narration, taboo, repeat,
     echo)."""
+    safety: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """Content-policy violations by where (player, reply, tool) and category (`mythic.safety`):
+    each replaced by a deflection or refused."""
     reply_prompt_tokens: int = 0
     """Prompt tokens of replies, ..."""
     reply_cached_tokens: int = 0
@@ -115,6 +191,9 @@ class Stage:
     """Which archetype adapters each request applies; None: the base model serves all."""
     replies: ReplySink | None = None
     """Where each reply's phrases go for speech (set by the server's voice layer)."""
+    external: ExternalTools | None = None
+    """Tools Mythic calls itself, from MCP servers (set by the server when `mcp.servers` is
+    configured); None: game tools only."""
     stats: DialogueStats = field(default_factory=DialogueStats)
     speakers: asyncio.Semaphore = field(init=False)
     """The NPCs that may speak at once (`dialogue.max_concurrent_speakers`)."""

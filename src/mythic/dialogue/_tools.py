@@ -1,9 +1,11 @@
 """Game tools an NPC can call: their argument models, the schema that constrains the model's
 choice, and validation of whatever comes back (technical design, sections 5.2, 11.2 and 15).
 
-Tools are executed by the game, never by Mythic: the server sends a `ToolCall` and the game
-answers with an `Ack`. Arguments are validated, stripped of control characters and
-length-capped before they leave, whether the model or a caller produced them.
+Game tools are executed by the game, never by Mythic: the server sends a `ToolCall` and the
+game answers with an `Ack`. External tools (MCP servers', `Stage.external`) are called by
+Mythic; their arguments are checked against the tool's own schema there. Game tools'
+arguments are validated, stripped of control characters and length-capped before they
+leave, whether the model or a caller produced them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mythic._errors import MythicError
+from mythic.dialogue._stage import ExternalTool
 from mythic.knowledge import INTENTS as INTENTS  # the dialogue's intents are the wire's
 
 EMOTES = ("wave", "bow", "nod", "shake_head", "laugh", "shrug", "point", "cheer", "glare")
@@ -224,31 +227,36 @@ TOOLS_BY_INTENT: Mapping[str, tuple[str, ...]] = {
 chooses the tools by intent). Small models otherwise reach for a tool on "thank you"."""
 
 
+def _call_schema(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"name": {"const": name}, "args": args},
+        "required": ["name", "args"],
+        "additionalProperties": False,
+    }
+
+
 def decision_schema(
-    tools: Sequence[str], *, places: Sequence[str], targets: Sequence[str]
+    tools: Sequence[str],
+    *,
+    places: Sequence[str],
+    targets: Sequence[str],
+    external: Sequence[ExternalTool] = (),
 ) -> dict[str, Any]:
     """The JSON schema of a turn's decision: the player's intent, then one tool call that
     intent exposes, or none.
 
     `places` and `targets` are the ids the NPC may name (zones, scene objects, `player`).
+    `external`: tools Mythic calls itself (MCP servers'), offered under every intent: what
+    they answer is not tied to one kind of line.
     """
     branches = []
     for intent in INTENTS:
         calls: list[dict[str, Any]] = [{"type": "null"}]
         for name in TOOLS_BY_INTENT[intent]:
-            if name not in tools:
-                continue
-            calls.append(
-                {
-                    "type": "object",
-                    "properties": {
-                        "name": {"const": name},
-                        "args": _model_args(name, places, targets),
-                    },
-                    "required": ["name", "args"],
-                    "additionalProperties": False,
-                }
-            )
+            if name in tools:
+                calls.append(_call_schema(name, _model_args(name, places, targets)))
+        calls += [_call_schema(tool.name, tool.args_schema) for tool in external]
         branches.append(
             {
                 "type": "object",
@@ -263,6 +271,8 @@ def decision_schema(
     return {"anyOf": branches}
 
 
-def describe_tools(tools: Sequence[str]) -> str:
+def describe_tools(tools: Sequence[str], external: Sequence[ExternalTool] = ()) -> str:
     """One line per tool, for the decision prompt."""
-    return "\n".join(f"- {name}: {TOOLS[name].description}" for name in tools)
+    lines = [f"- {name}: {TOOLS[name].description}" for name in tools]
+    lines += [f"- {tool.name}: {tool.description}" for tool in external]
+    return "\n".join(lines)

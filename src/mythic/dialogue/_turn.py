@@ -32,13 +32,14 @@ from mythic.dialogue._line_filter import LineFilter
 from mythic.dialogue._naturalness import Finding, greeting_lead, greets, opening, sentences
 from mythic.dialogue._phrases import PhraseBuffer, sentences_end
 from mythic.dialogue._prefill import Prefill
-from mythic.dialogue._refusals import AMBIENT_REPEAT, deflection, reminder
+from mythic.dialogue._refusals import AMBIENT_REPEAT, deflection, reminder, unsafe_deflection
 from mythic.dialogue._session import INTERRUPTED_NOTE, Session, heard_lines, replies_in
 from mythic.dialogue._stage import Stage, ToolOutcome
 from mythic.dialogue._states import DialogueState
 from mythic.dialogue._window import PromptWindow, TailAgain
 from mythic.engine import ChatMessage, EngineError, RequestError, Sampling
 from mythic.memory import Fact
+from mythic.safety import ReplyGuard, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,9 @@ class TurnRecord:
     """What the line filter caught in this turn's tries (`Finding.kind`s), in order."""
     ambient: bool = False
     """The line was a scene's ambient line (NPCs among themselves)."""
+    safety: list[str] = field(default_factory=list)
+    """Content-policy violations of the turn, as `where:category` (`player:injection`,
+    `reply:hate`, `tool:tool`): each deflected or refused."""
 
 
 def chat_sampling(settings: ChatSettings) -> Sampling:
@@ -156,7 +160,16 @@ class Turns:
         session = self.sessions.setdefault(session_id, Session())
         session.spoken_to = True
         history = session.history
+        refused = self._check_line(line)
+        if refused is None or refused.ok:
+            if refused is not None and refused.redacted:
+                # Personal data never reaches the model, the history, memory or a log.
+                line = dataclasses.replace(line, text=refused.text)
+            refused = None
         out = TurnOutput(self, line)
+        if refused is not None:
+            await self._refuse_line(out, refused)
+            return
         memory = stage.memory if line.player_id is not None else None
         self.character.reread_if_reloaded()
         user = ChatMessage("user", line.said)
@@ -204,6 +217,9 @@ class Turns:
                         out.reason = "stop"
                         stage.stats.capped += 1
                         break
+                    if out.blocked:  # the policy blocked a phrase: the deflection ends it
+                        out.reason = "stop"
+                        break
             if line.hold is not None and not await line.hold.wait():
                 raise asyncio.CancelledError  # a preemptive reply not confirmed: dropped
             out.flush_phrases()  # the reply's last words are spoken while the decision ends
@@ -220,7 +236,10 @@ class Turns:
                 session.intent = decision.intent
                 self.intents.push(session_id, decision.intent)
             if decision is not None and decision.tool is not None and line.tools:
-                await self._call_tool(out, history, user, decision.tool)
+                if out.blocked:
+                    pass  # a reply the policy stopped acts on nothing it said
+                elif self._tool_allowed(out, *decision.tool):
+                    await self._call_tool(out, history, user, decision.tool)
         except asyncio.CancelledError:
             out.reason = "cutoff"
             self._enter(DialogueState.BARGE_IN)
@@ -243,6 +262,67 @@ class Turns:
             if speaking and not line.ambient:
                 stage.speakers.release()
             self._enter(DialogueState.IDLE)
+
+    def _check_line(self, line: PlayerLine) -> Verdict | None:
+        """The content check of a player's line (None: no policy, or not a player's line:
+        another NPC's words were checked as its reply)."""
+        guard = self.character.guard
+        if guard is None or line.speaker is not None or line.ambient:
+            return None
+        return guard.check_player(line.text)
+
+    def violation(self, out: TurnOutput, where: str, verdict: Verdict) -> None:
+        """Count and log a violation with the turn's ids (never its words: the detail names
+        what was found, cut short)."""
+        line = out.line
+        category = verdict.category or "unknown"
+        self.stage.stats.safety[(where, category)] += 1
+        out.safety.append(f"{where}:{category}")
+        log.warning(
+            "safety: %s %s blocked (npc %s, session %s, turn %s): %s",
+            where,
+            category,
+            self.character.npc_id,
+            line.session_id,
+            line.turn_id,
+            verdict.detail[:120],
+        )
+
+    async def _refuse_line(self, out: TurnOutput, verdict: Verdict) -> None:
+        """A player's line the policy blocks: the NPC deflects in character without the model,
+        and nothing of the exchange is kept (history, memory) but the record of the turn."""
+        line = out.line
+        self.violation(out, "player", verdict)
+        try:
+            if line.hold is not None and not await line.hold.wait():
+                out.reason = "cutoff"  # a preemptive line not confirmed: nothing is said
+                return
+            self._enter(DialogueState.THINKING)
+            self._enter(DialogueState.SPEAKING)
+            out.say_checked(out.deflection(going_on=False))
+            out.reason = "stop"
+        finally:
+            out.close()
+            said = out.text().strip()
+            self.last = TurnRecord(
+                line.session_id, line.turn_id, said, out.reason, safety=out.safety
+            )
+            self.stage.stats.turn_finished(out.reason)
+            line.settle(said, out.reason)
+            self._enter(DialogueState.IDLE)
+
+    def _tool_allowed(self, out: TurnOutput, name: str, args: dict[str, Any]) -> bool:
+        """Whether the policy lets the NPC call `name` with `args`; a refused call is counted,
+        logged and recorded, and never leaves the server."""
+        guard = self.character.guard
+        if guard is None:
+            return True
+        verdict = guard.check_tool(name, args)
+        if verdict.ok:
+            return True
+        self.violation(out, "tool", verdict)
+        out.tool_calls.append({"name": name, "args": args, "status": "refused"})
+        return False
 
     def _keep(self, out: TurnOutput, session: Session, user: ChatMessage, remember: bool) -> None:
         """What the session (history), memory and `last` keep of a finished turn."""
@@ -282,6 +362,7 @@ class Turns:
             out.first_phrase_tokens,
             out.caught,
             line.ambient,
+            out.safety,
         )
         stage.stats.turn_finished(out.reason)
         line.settle(said, out.reason)
@@ -522,12 +603,22 @@ class Turns:
         user: ChatMessage,
         tool: tuple[str, dict[str, Any]],
     ) -> None:
-        """Send the call, wait for the game's Ack, then voice the result in a follow-up."""
+        """Send the call, wait for the game's Ack, then voice the result in a follow-up. An
+        external tool (`server.tool`, an MCP server's) Mythic calls itself, after approval
+        when it writes."""
         name, args = tool
         stage, npc_id = self.stage, self.character.npc_id
         out.end_segment("tool_call")
         self._enter(DialogueState.THINKING)
-        outcome = await stage.call_tool(out.line.session_id, npc_id, out.line.turn_id, name, args)
+        external = stage.external is not None and "." in name
+        if external:
+            outcome = self._checked_result(
+                out, name, await self._call_external(out.line, name, args)
+            )
+        else:
+            outcome = await stage.call_tool(
+                out.line.session_id, npc_id, out.line.turn_id, name, args
+            )
         out.tool_calls.append({"name": name, "args": args, "status": outcome.status})
         said = out.text().strip()
         note = _tool_note(name, args, outcome)
@@ -543,14 +634,81 @@ class Turns:
         out.restart()
         async with stage.speakers:  # the follow-up is speech again: one of the slots
             self._enter(DialogueState.SPEAKING)
-            if stage.settings.dialogue.tool_voice == "template":
+            # What an external tool answered only the model can say; a refusal a line can.
+            template = stage.settings.dialogue.tool_voice == "template"
+            if template and (not external or outcome.status != "ok"):
                 line = self._voice_template(name, args, outcome)
                 if line:
                     out.say(line)
                 return
+            voice = VOICE_EXTERNAL if external else VOICE_RESULT
             history_before = history[: -len(exchange)]
-            async for text in self.generate(out, history_before, *exchange, VOICE_RESULT):
+            async for text in self.generate(out, history_before, *exchange, voice):
                 out.say(text)
+
+    def _checked_result(self, out: TurnOutput, name: str, outcome: ToolOutcome) -> ToolOutcome:
+        """An external tool's answer goes into the prompt: it is untrusted text, checked as a
+        tool's (instructions, hate speech, personal data ...); one the policy blocks is
+        withheld, and the NPC answers without it."""
+        guard = self.character.guard
+        if guard is None or outcome.status != "ok" or not outcome.result:
+            return outcome
+        verdict = guard.check(json.dumps(outcome.result, ensure_ascii=False), "tool")
+        if verdict.ok:
+            return outcome
+        self.violation(out, "tool_result", verdict)
+        return ToolOutcome("error", None, f"{name}'s answer was withheld by the content policy")
+
+    async def _call_external(
+        self, line: PlayerLine, name: str, args: dict[str, Any]
+    ) -> ToolOutcome:
+        """Call an external tool for this NPC: refused before it leaves when not allowed or
+        its arguments fail the schema; a write tool first approved (`mcp.approver`); a read
+        tool's cached result reused. Never raises for the tool's failure."""
+        stage, npc_id = self.stage, self.character.npc_id
+        external = stage.external
+        assert external is not None
+        stats = stage.stats.tool_calls
+        refused = external.refusal(npc_id, name, args)
+        if refused is not None:
+            stats[f"mcp_{refused.status}"] += 1
+            return ToolOutcome(refused.status, None, refused.message)
+        if external.writes(name):
+            denied = await self._approval(line, name, args)
+            if denied is not None:
+                stats["mcp_rejected"] += 1
+                return denied
+        else:
+            hit = external.cached(npc_id, name, args)
+            if hit is not None:
+                stats["mcp_cached"] += 1
+                return ToolOutcome("ok", hit.result)
+        done = await external.call(npc_id, name, args)
+        stats[f"mcp_{done.status}"] += 1
+        return ToolOutcome(done.status, done.result, done.message)
+
+    async def _approval(
+        self, line: PlayerLine, name: str, args: dict[str, Any]
+    ) -> ToolOutcome | None:
+        """None when a write tool's call is approved (`mcp.approver`: `game` asks the game
+        with a `ToolCall` that `needs_approval`, its `Ack` `ok` approves); else the refusal."""
+        stage = self.stage
+        approver = stage.settings.mcp.approver
+        if approver == "allow":
+            return None
+        if approver == "game":
+            answer = await stage.call_tool(
+                line.session_id,
+                self.character.npc_id,
+                line.turn_id,
+                name,
+                args,
+                needs_approval=True,
+            )
+            stage.stats.tool_calls[f"approval_{answer.status}"] += 1
+            if answer.status == "ok":
+                return None
+        return ToolOutcome("rejected", message="not approved")
 
     def _remember_tool(
         self,
@@ -579,6 +737,8 @@ class Turns:
 
     def _voice_template(self, name: str, args: dict[str, Any], outcome: ToolOutcome) -> str:
         """What the NPC says about a tool call it made, without asking the model."""
+        if outcome.status == "rejected" and "." in name:
+            return "No, I can't do that right now."
         if outcome.status != "ok":
             return "Hm. That did not work."
         place = self.character.place_name
@@ -635,6 +795,14 @@ class TurnOutput:
         """Text deltas the model has streamed for this turn (every try)."""
         self.first_phrase_tokens: int | None = None
         self.caught: list[str] = []
+        self.safety: list[str] = []
+        """The turn's violations (`TurnRecord.safety`)."""
+        self._turns = turns
+        guard = turns.character.guard
+        self._guard = ReplyGuard(guard, self.deflection) if guard is not None else None
+        self.blocked = False
+        """The policy blocked a phrase of the reply: its deflection was said in its place, and
+        the reply ends there."""
         self._held: list[Callable[[], None]] | None = None
         """While a preemptive reply is held (`PlayerLine.hold`): what it would have sent."""
         if line.hold is not None and line.hold.held:
@@ -678,7 +846,38 @@ class TurnOutput:
 
         self.emit(send)
 
+    def deflection(self, going_on: bool) -> str:
+        """The NPC's line in place of a blocked phrase, not yet said in the conversation."""
+        turns, line = self._turns, self.line
+        session = turns.sessions.get(line.session_id)
+        said = [
+            s
+            for text in (*replies_in(session.history if session else []), self.text())
+            for s in sentences(text)
+        ]
+        own = turns.character.guard.policy.deflections if turns.character.guard else ()
+        return unsafe_deflection(own, line.turn_id, said, going_on=going_on)
+
     def say(self, text: str) -> None:
+        """Say more of the reply: held to the end of its phrase and checked against the
+        NPC's content policy first (`mythic.safety.ReplyGuard`); a blocked phrase is said as
+        the NPC's deflection, and the turn stops the model (`blocked`)."""
+        if self._guard is None:
+            self.say_checked(text)
+            return
+        text = self._guard.push(text)
+        self._note_block()
+        if text:
+            self.say_checked(text)
+
+    def _note_block(self) -> None:
+        guard = self._guard
+        if guard is not None and guard.blocked is not None and not self.blocked:
+            self.blocked = True
+            self._turns.violation(self, "reply", guard.blocked)
+
+    def say_checked(self, text: str) -> None:
+        """Say `text` as it is (checked already, or the NPC's own refusal)."""
         if self._max_sentences:
             said = "".join(self._pieces)
             end = sentences_end(said + text, self._max_sentences)
@@ -701,7 +900,13 @@ class TurnOutput:
         self.emit(lambda: self.stage.phrase(line.session_id, self.npc_id, line.turn_id, text))
 
     def flush_phrases(self) -> None:
-        """Send the words the phrase buffer holds to speech (the reply has ended)."""
+        """Check the words the guard holds and send what the phrase buffer holds to speech
+        (the reply has ended)."""
+        if self._guard is not None and self.reason != "cutoff":  # held words were never sent
+            held = self._guard.finish()
+            self._note_block()
+            if held:
+                self.say_checked(held)
         rest = self._phrases.flush()
         if rest:
             self._phrase(rest)
@@ -738,3 +943,11 @@ def _tool_note(name: str, args: dict[str, Any], outcome: ToolOutcome) -> str:
     return (
         f"Game event: {name} {described} -> {outcome.status}{why}{' ' + result if result else ''}"
     )
+
+
+VOICE_EXTERNAL = ChatMessage(
+    "system",
+    "Tell the player, in one short sentence and in character, what the game event above "
+    "tells; if it failed or was refused, say you cannot do it now.",
+)
+"""Asked after an external (MCP) tool's result: only the model can say what it answered."""

@@ -16,6 +16,7 @@ from mythic.dialogue._session import Session
 from mythic.dialogue._stage import Stage
 from mythic.engine import ChatMessage, ContextOverflowError, GenerationRequest, Priority, Sampling
 from mythic.knowledge import CHARS_PER_TOKEN, Packed, Query, answer_line, lore_beyond
+from mythic.observability import traced
 from mythic.route import RoutedStream
 
 LINE_TOKENS = 64
@@ -140,7 +141,10 @@ class PromptWindow:
                 scene=state,
             )
 
-        packed = await asyncio.to_thread(retrieve)
+        with traced("retrieval", query_chars=len(text)) as retrieval:
+            packed = await asyncio.to_thread(retrieve)
+            if retrieval is not None:
+                retrieval.set(hits=len(packed.hits), lore_tokens=packed.tokens.get("lore", 0))
         lore = lore_beyond(known_lore, packed.lore) if known_lore else packed.lore
         # A question, not a greeting ("Good evening. Who are you?" shares "evening" with
         # half the lore): the line that answers it is told again after it (`answer_line`).

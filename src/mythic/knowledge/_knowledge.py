@@ -155,7 +155,7 @@ class _State:
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """(mtime, size) of every file of a world that knowledge reads."""
     found: dict[str, tuple[int, int]] = {}
-    candidates = [root / "world.yaml"]
+    candidates = [root / "world.yaml", root / "safety.yaml"]
     for sub, suffixes in (("npcs", (".yaml", ".yml")), ("lore", LORE_SUFFIXES)):
         folder = root / sub
         if folder.is_dir():

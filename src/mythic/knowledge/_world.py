@@ -28,6 +28,7 @@ from mythic.knowledge._cards import (
     load_card,
     read_text_file,
 )
+from mythic.safety import NPCSafety, WorldSafety
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,9 @@ class Persona(_Card):
     knows: list[Slug] = Field(default_factory=list, max_length=64)
     """Zones whose lore the NPC knows besides its own zone's (world-wide lore, in `lore/`
     itself, everyone knows)."""
+    safety: NPCSafety = Field(default_factory=NPCSafety)
+    """What this NPC may never say or do, a stricter rating, and its own deflections (the
+    world's policy is `safety.yaml`)."""
 
     @field_validator("faction")
     @classmethod
@@ -200,6 +204,8 @@ class World:
     skipped: tuple[WorldProblem, ...] = field(default_factory=tuple)
     """Lore files that could not be used (unreadable, too large, malformed): reported, left
     out, and the rest of the world loaded."""
+    safety: WorldSafety = field(default_factory=WorldSafety)
+    """The content policy of every NPC (`safety.yaml`; left out, the defaults: rated teen)."""
 
     @property
     def name(self) -> str:
@@ -380,8 +386,20 @@ def load_world(path: str | Path, *, max_lore_bytes: int = MAX_CARD_BYTES) -> Wor
                 skipped += found
                 lore += [dataclasses.replace(doc, faction=folder.name) for doc in docs]
 
-    if problems or card is None:
+    safety: WorldSafety | None = WorldSafety()
+    if (root / "safety.yaml").exists():
+        safety, found = load_card(root / "safety.yaml", WorldSafety)
+        problems += found
+
+    if problems or card is None or safety is None:
         raise WorldLoadError(problems)
     for problem in skipped:
         log.warning("lore skipped: %s", problem)
-    return World(path=root, card=card, npcs=npcs, lore=tuple(lore), skipped=tuple(skipped))
+    return World(
+        path=root,
+        card=card,
+        npcs=npcs,
+        lore=tuple(lore),
+        skipped=tuple(skipped),
+        safety=safety,
+    )

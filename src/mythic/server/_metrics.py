@@ -102,6 +102,15 @@ class _GatewayCollector(Collector):
         for kind, n in sorted(stats.caught.items()):
             caught.add_metric([kind], n)
         yield caught
+        violations = CounterMetricFamily(
+            "mythic_safety_violations",
+            "content-policy violations by where (player, reply, tool) and category: each "
+            "replaced by the NPC's deflection or refused",
+            labels=["where", "category"],
+        )
+        for (where, category), n in sorted(stats.safety.items()):
+            violations.add_metric([where, category], n)
+        yield violations
         yield CounterMetricFamily(
             "mythic_actor_restarts",
             "NPC actors restarted after a crash",

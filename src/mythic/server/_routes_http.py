@@ -296,6 +296,7 @@ def npc_status(gateway: Gateway, npc_id: str) -> dict[str, Any]:
                     "intent": actor.last_turn.intent,
                     "tool_calls": actor.last_turn.tool_calls,
                     "caught": actor.last_turn.caught,
+                    "safety": actor.last_turn.safety,
                 }
                 if actor.last_turn
                 else None
