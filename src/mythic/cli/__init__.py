@@ -11,6 +11,7 @@ from mythic.cli._config import config_app
 from mythic.cli._distill_command import distill
 from mythic.cli._eval_command import eval_app
 from mythic.cli._jobs import jobs_app
+from mythic.cli._mcp import mcp_app
 from mythic.cli._memory import db_app, memory_app
 from mythic.cli._models import models_app
 from mythic.cli._plan import plan_command
@@ -41,6 +42,7 @@ app.add_typer(jobs_app, name="jobs")
 app.add_typer(voice_app, name="voice")
 app.add_typer(train_app, name="train")
 app.add_typer(archetypes_app, name="archetypes")
+app.add_typer(mcp_app, name="mcp")
 app.command("plan")(plan_command)
 app.command()(distill)
 app.command()(usage)

@@ -383,6 +383,10 @@ class ToolCall(_Envelope):
     """The turn the call belongs to."""
     call_id: Id
     """Unique per call: the key for idempotency and for the `Ack`."""
+    needs_approval: StrictBool = False
+    """True: Mythic asks the game to approve a tool it runs itself (an MCP server's write
+    tool, `name` is `server.tool`); the game does not act, it answers with an `Ack`: `ok`
+    approves the call, `rejected` (or no answer in time) refuses it."""
 
 
 class IntentUpdate(_Envelope):

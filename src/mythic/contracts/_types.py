@@ -159,8 +159,14 @@ Bark = Annotated[
 ]
 """A one-line NPC remark: at most `MAX_BARK_WORDS` words and `MAX_BARK_CHARS` characters."""
 
-ToolName = Annotated[str, StringConstraints(strict=True, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
-"""A game tool's name, an identifier of at most 64 characters (`set_waypoint`)."""
+ToolName = Annotated[
+    str,
+    StringConstraints(
+        strict=True, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}(\.[A-Za-z_][A-Za-z0-9_-]{0,63})?$"
+    ),
+]
+"""A game tool's name, an identifier of at most 64 characters (`set_waypoint`), or an MCP
+server's tool as `server.tool` (`weather.forecast`)."""
 
 Code = Annotated[str, StringConstraints(strict=True, pattern=r"^[A-Za-z][A-Za-z0-9_.]{0,63}$")]
 """A machine-readable error code (`invalid_message`, `TOOL_TIMEOUT`)."""

@@ -1043,6 +1043,12 @@ export interface ToolCall {
    * Unique per call: the key for idempotency and for the `Ack`.
    */
   call_id: string;
+  /**
+   * True: Mythic asks the game to approve a tool it runs itself (an MCP server's write
+   * tool, `name` is `server.tool`); the game does not act, it answers with an `Ack`: `ok`
+   * approves the call, `rejected` (or no answer in time) refuses it.
+   */
+  needs_approval?: boolean;
 }
 /**
  * Server -> client: what an NPC means to do now, for the game's intent cache.

@@ -2554,7 +2554,7 @@ export const serverSchema = {
         },
         "name": {
           "description": "The game tool (`give_item`, `set_waypoint`, `play_emote`, ...).",
-          "pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}$",
+          "pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}(\\.[A-Za-z_][A-Za-z0-9_-]{0,63})?$",
           "title": "Name",
           "type": "string"
         },
@@ -2587,6 +2587,12 @@ export const serverSchema = {
           "pattern": "^[A-Za-z0-9_.:-]{1,128}$",
           "title": "Call Id",
           "type": "string"
+        },
+        "needs_approval": {
+          "default": false,
+          "description": "True: Mythic asks the game to approve a tool it runs itself (an MCP server's write\ntool, `name` is `server.tool`); the game does not act, it answers with an `Ack`: `ok`\napproves the call, `rejected` (or no answer in time) refuses it.",
+          "title": "Needs Approval",
+          "type": "boolean"
         }
       },
       "required": [

@@ -1354,6 +1354,14 @@ namespace Mythic.Client
         public string Name { get; set; }
 
         /// <summary>
+        /// True: Mythic asks the game to approve a tool it runs itself (an MCP server's write
+        /// tool, `name` is `server.tool`); the game does not act, it answers with an `Ack`: `ok`
+        /// approves the call, `rejected` (or no answer in time) refuses it.
+        /// </summary>
+        [JsonProperty("needs_approval", Required = Required.Default, NullValueHandling = NullValueHandling.Ignore)]
+        public bool? NeedsApproval { get; set; }
+
+        /// <summary>
         /// The NPC acting.
         /// </summary>
         [JsonProperty("npc_id", Required = Required.Always)]

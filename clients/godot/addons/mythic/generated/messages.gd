@@ -317,11 +317,12 @@ const DEFS = {
 		"fields": {
 			"schema_version": [{"type": "string", "const": "v1"}],
 			"type": [{"type": "string", "const": "ToolCall"}],
-			"name": [{"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_", 1, 1], ["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_", 0, 63]]}],
+			"name": [{"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}(\\.[A-Za-z_][A-Za-z0-9_-]{0,63})?$"}],
 			"args": [{"type": "object"}],
 			"npc_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
 			"turn_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
 			"call_id": [{"type": "string", "max_length": 128, "min_length": 1, "pattern": "^[A-Za-z0-9_.:-]{1,128}$", "segments": [["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-", 1, 128]]}],
+			"needs_approval": [{"type": "boolean"}],
 		},
 	},
 	"Viseme": {

@@ -1,0 +1,1 @@
+"""Real MCP server programs the MCP client is tested against."""
