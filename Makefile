@@ -6,7 +6,7 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= llm,server,rag,services,train,control,speech,docs,dev
+EXTRAS ?= llm,server,rag,services,train,control,speech,mcp,docs,dev
 WORLD ?= examples/worlds/ravenmoor
 NPC ?= marla
 CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mythic
@@ -44,9 +44,10 @@ SPEECH_PROGRAMS := espeak-ng sox
 SMART_TURN_WHEEL := pipecat-ai
 # The client SDKs' toolchains, Debian packages installed the same way: Node 20+ and npm
 # (clients/typescript), Mono, NUnit and Newtonsoft.Json (clients/unity), the headless Godot 3
-# runtime (clients/godot). Each is a program or file and the package that has it; the SDKs'
-# tests skip without them, or fail under CI=true.
-CLIENT_TOOLS := node:nodejs npm:npm mcs:mono-devel nunit-console:nunit-console \
+# runtime (clients/godot), and Chromium (the /dashboard page's headless browser test). Each is
+# a program or file and the package that has it; the SDKs' tests skip without them, or fail
+# under CI=true.
+CLIENT_TOOLS := node:nodejs npm:npm mcs:mono-devel nunit-console:nunit-console chromium:chromium \
 	/usr/lib/cli/nunit.framework-2.6.3/nunit.framework.dll:libnunit-cil-dev \
 	/usr/lib/cli/Newtonsoft.Json-5.0/Newtonsoft.Json.dll:libnewtonsoft-json-cil-dev \
 	godot3-server:godot3-server

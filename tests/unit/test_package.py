@@ -38,6 +38,8 @@ PUBLIC = [
     "mythic.voice",
     "mythic.scenes",
     "mythic.observability",
+    "mythic.safety",
+    "mythic.mcp",
 ]
 
 # ARCHITECTURE.md: imports point down only. Each package may import the ones listed.
@@ -45,6 +47,8 @@ BASE = {"_errors", "_extras", "_heap", "config", "contracts", "observability"}
 # What the server and the CLI stand on: every layer under the edges.
 UNDER_EDGES = BASE | {
     "engine",
+    "safety",
+    "mcp",
     "knowledge",
     "memory",
     "speech",
@@ -62,7 +66,10 @@ ALLOWED: dict[str, set[str]] = {
     "contracts": {"_errors"},
     "observability": {"_errors"},
     "engine": BASE,
-    "knowledge": BASE,
+    # A world's content policy (`safety.yaml`, a card's `safety:`) is a card the knowledge
+    # loads: its models are the safety package's, the checks of which need nothing else.
+    "knowledge": BASE | {"safety"},
+    "safety": BASE,
     "memory": BASE,
     "speech": BASE,
     # Training is fed by the engine's models and chat formats and the knowledge's worlds and
@@ -75,11 +82,16 @@ ALLOWED: dict[str, set[str]] = {
     # The bronze queue stands on the stores (see QUEUE below); its workers run a job through
     # the router, so the package sits just above `route`, and nothing under it imports jobs.
     "jobs": BASE | {"engine", "knowledge", "memory", "route"},
-    "dialogue": BASE | {"engine", "knowledge", "memory", "route", "archetypes"},
+    "dialogue": BASE | {"engine", "knowledge", "memory", "route", "archetypes", "safety"},
     # Speech wraps a dialogue turn: voice drives the cast's NPCs, and never the server.
     "voice": BASE | {"engine", "knowledge", "memory", "speech", "route", "archetypes", "dialogue"},
     # Scenes play several NPCs' turns in one conversation: they drive the cast, like voice.
     "scenes": BASE | {"engine", "knowledge", "memory", "route", "archetypes", "dialogue"},
+    # MCP: the client (tools of MCP servers, with route's breaker) and Mythic's own servers
+    # (lore and memory, read-only; the game state and bronze jobs over a server's HTTP API;
+    # utilities with the content filter). The dialogue never imports it: the server plugs the
+    # client into the stage (`Stage.external`).
+    "mcp": BASE | {"engine", "knowledge", "memory", "route", "safety"},
     "server": UNDER_EDGES,
     # A game vendors the client without the server: it may import only the wire contracts.
     "client": {"_errors", "_extras", "contracts"},

@@ -13,8 +13,10 @@ from mythic.config._engine import EngineSettings
 from mythic.config._jobs import JobSettings
 from mythic.config._knowledge import KnowledgeSettings
 from mythic.config._load import ConfigError, load_settings
+from mythic.config._mcp import McpServerSettings, McpSettings
 from mythic.config._memory import MemorySettings
 from mythic.config._mythic import DEFAULT_KIND_TIERS, MythicSettings, effective_route
+from mythic.config._observability import ObservabilitySettings
 from mythic.config._paths import default_cache_dir, default_data_dir
 from mythic.config._route import (
     REQUEST_KINDS,
@@ -25,6 +27,7 @@ from mythic.config._route import (
     TierSettings,
     check_route,
 )
+from mythic.config._safety import SafetySettings
 from mythic.config._scenes import SceneSettings
 from mythic.config._server import ServerSettings
 from mythic.config._speech import SpeechSettings
@@ -42,11 +45,15 @@ __all__ = [
     "EngineSettings",
     "JobSettings",
     "KnowledgeSettings",
+    "McpServerSettings",
+    "McpSettings",
     "MemorySettings",
     "MythicSettings",
+    "ObservabilitySettings",
     "QualityGate",
     "RouteRule",
     "RouteSettings",
+    "SafetySettings",
     "SceneSettings",
     "ServerSettings",
     "SpeechSettings",

@@ -19,7 +19,9 @@ from mythic.config._dialogue import DialogueSettings
 from mythic.config._engine import EngineSettings
 from mythic.config._jobs import JobSettings
 from mythic.config._knowledge import KnowledgeSettings
+from mythic.config._mcp import McpSettings
 from mythic.config._memory import MemorySettings
+from mythic.config._observability import ObservabilitySettings
 from mythic.config._route import (
     EndpointSettings,
     RouteRule,
@@ -27,6 +29,7 @@ from mythic.config._route import (
     TierSettings,
     check_route,
 )
+from mythic.config._safety import SafetySettings
 from mythic.config._scenes import SceneSettings
 from mythic.config._server import ServerSettings
 from mythic.config._speech import SpeechSettings
@@ -65,12 +68,18 @@ class MythicSettings(BaseSettings):
     """Tiers, endpoints and routing rules."""
     jobs: JobSettings = Field(default_factory=JobSettings)
     """Bronze jobs on a durable queue."""
+    safety: SafetySettings = Field(default_factory=SafetySettings)
+    """Content guardrails: the world's policy on players' lines, replies and tool calls."""
     scenes: SceneSettings = Field(default_factory=SceneSettings)
     """Group conversations: members, who answers, NPCs answering each other."""
     speech: SpeechSettings = Field(default_factory=SpeechSettings)
     """Speech in and out, and their worker processes."""
     archetypes: ArchetypeSettings = Field(default_factory=ArchetypeSettings)
     """Archetype chains: which adapters serve each archetype's NPCs."""
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    """Traces of each turn (OpenTelemetry), kept in memory and exported over OTLP."""
+    mcp: McpSettings = Field(default_factory=McpSettings)
+    """MCP servers whose tools NPCs may call."""
 
     @model_validator(mode="after")
     def _route_consistent(self) -> MythicSettings:

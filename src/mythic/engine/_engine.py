@@ -60,7 +60,7 @@ from mythic.engine._scheduler import (
     SchedulerOutput,
 )
 from mythic.engine._trace import EngineTrace
-from mythic.observability import percentile
+from mythic.observability import Hop, hop, percentile
 
 logger = logging.getLogger(__name__)
 
@@ -318,6 +318,13 @@ class Engine:
                 self._counts["overloaded"] += 1
                 self.backend.free_sampler(active.sampler)
                 raise
+            # Started under the lock: the worker cannot finish the request before it has one.
+            active.hop = hop(
+                "engine",
+                priority=request.priority.name.lower(),
+                prompt_tokens=len(active.prompt),
+                max_tokens=active.max_tokens,
+            )
             self._active[request.request_id] = active
             if self.trace is not None:
                 self.trace.arrived(
@@ -553,12 +560,37 @@ class Engine:
                 (now - active.submitted) * 1000,
             )
         self._close_request(active, keep=keep)
+        if active.hop is not None:
+            self._end_hop(active.hop, active, reason)
         self._emit(active, active.text[active.sent :], reason)
 
     def _fail(self, active: ActiveRequest, error: BaseException) -> None:
         self._counts["expired" if isinstance(error, DeadlineExceeded) else "failed"] += 1
         self._close_request(active, keep=None, discard=not isinstance(error, DeadlineExceeded))
+        if active.hop is not None:
+            self._end_hop(active.hop, active, None, error)
         active.sink._put(error)
+
+    @staticmethod
+    def _end_hop(
+        span: Hop,
+        active: ActiveRequest,
+        reason: FinishReason | None,
+        error: BaseException | None = None,
+    ) -> None:
+        """End a request's `engine` hop with what it did (queue wait and first token in ms
+        after submission)."""
+        ms = 1000.0
+        span.set(
+            finish_reason=reason,
+            completion_tokens=active.generated,
+            cached_tokens=active.cached,
+            queue_ms=(active.scheduled_at - active.submitted) * ms if active.scheduled_at else None,
+            first_token_ms=(
+                (active.first_token_at - active.submitted) * ms if active.first_token_at else None
+            ),
+        )
+        span.end(error=None if error is None else f"{type(error).__name__}: {error}")
 
     def _close_request(
         self, active: ActiveRequest, *, keep: int | None, discard: bool = False
@@ -672,6 +704,8 @@ class Engine:
             commands, self._commands = self._commands, deque()
         error = EngineClosedError("the engine was closed before the request finished")
         for active in leftovers:
+            if active.hop is not None:
+                self._end_hop(active.hop, active, None, error)
             active.sink._put(error)
             self.backend.free_sampler(active.sampler)
         for command in commands:

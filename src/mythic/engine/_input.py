@@ -26,6 +26,7 @@ from mythic.engine._kvcache import CachedSequence
 from mythic.engine._request import GenerationRequest, StreamItem
 from mythic.engine._scheduler import AdapterKey, Priority
 from mythic.engine._schema import enforceable_schema
+from mythic.observability import Hop
 
 
 class Sink(Protocol):
@@ -71,6 +72,8 @@ class ActiveRequest:
     lead: int = 0
     followers: list[ActiveRequest] = field(default_factory=list)
     """Requests waiting for this one's prompt cells."""
+    hop: Hop | None = None
+    """The request's `engine` hop of its turn's trace (None: not part of a traced turn)."""
 
 
 class InputProcessor:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mythic._errors import MythicError
 from mythic._heap import trim
 from mythic.archetypes import REGISTRY_FILE, ChainRouter
-from mythic.config import MythicSettings
+from mythic.config import MythicSettings, ObservabilitySettings
 from mythic.contracts import MAX_TEXT_CHARS, LLMStreamDelta, PlayerUtterance, ServerMessage
 from mythic.dialogue import (
     KV_FILL,
@@ -41,12 +41,14 @@ from mythic.engine import (
 from mythic.jobs import JobQueue
 from mythic.knowledge import Knowledge, World
 from mythic.memory import Memory
+from mythic.observability import Traces
 from mythic.route import Router, local_router
 from mythic.scenes import Scenes
 from mythic.server._jobs import JobBoard
 from mythic.server._sessions import Session, Sessions
 
 if TYPE_CHECKING:
+    from mythic.mcp import McpClient
     from mythic.server._provision import Provisioner
     from mythic.voice import VoiceHub
 
@@ -92,6 +94,9 @@ class SayReply(BaseModel):
     """What the line filter caught in the turn's tries, in order ("assistant", "echo",
     "taboo", "repeat", "narration"): each one was generated again. Empty: the first try
     went out as it was."""
+    safety: list[str] = Field(default_factory=list)
+    """The turn's content-policy violations as `where:category` (`player:injection`,
+    `reply:hate`): each replaced by the NPC's deflection or refused. Empty: nothing blocked."""
 
 
 class ReplyTimeoutError(MythicError):
@@ -134,6 +139,8 @@ class Gateway:
         memory: Memory | None = None,
         knowledge: Knowledge | None = None,
         chains: ChainRouter | None = None,
+        mcp: McpClient | None = None,
+        traces: Traces | None = None,
     ) -> None:
         """Requests go through `router` (tiers, endpoints, fallback); without one, every tier
         runs on `engine`, gold on `intent_engine` when given. `jobs`: the bronze job queue
@@ -145,11 +152,17 @@ class Gateway:
         dialogue model's tokenizer). `chains`: the archetype adapters NPCs are served with
         (None: built here from `settings.archetypes`, on the embedded engines; `run` reads
         the registry at start, rereads it every `archetypes.refresh_s` and closes it).
+        `mcp`: the MCP servers whose tools NPCs call (None: built from `mcp.servers` when
+        it lists any; `run` keeps them connected).
+        `traces`: where each turn's trace goes (None: built here from
+        `settings.observability`; `run` makes them current and closes them).
 
         Raises:
             MissingExtraError: the retrieval mode needs the rag extra, which is missing.
         """
         self.settings = settings
+        self.traces = traces if traces is not None else open_traces(settings.observability)
+        """Each turn's trace: the last ones kept (`traces.recent`), exported when configured."""
         if router is None:
             if engine is None:
                 raise ValueError("give an engine or a router")
@@ -201,6 +214,13 @@ class Gateway:
             knowledge=knowledge,
             chains=self.chains,
         )
+        if mcp is None and settings.mcp.servers:
+            from mythic.mcp import McpClient
+
+            mcp = McpClient(settings.mcp)
+        self.mcp = mcp
+        """The MCP servers whose tools NPCs may call; None: game tools only."""
+        self.cast.stage.external = mcp
         self.scenes = Scenes(self.cast, self._send, settings.scenes)
         """Group conversations: who is in each scene, who answers, who heard what."""
         self.voice: VoiceHub | None = None
@@ -235,9 +255,12 @@ class Gateway:
 
         The background work: the session reaper, the warm-up, the speech models' start, the
         world watcher (`knowledge.watch`), the registry's rereads, provisioning, the bronze
-        workers and their artifact follower.
+        workers and their artifact follower, the MCP servers' connections.
         """
         async with contextlib.AsyncExitStack() as opened:
+            # Closed last, in a worker thread: its exporters may wait for a collector.
+            opened.push_async_callback(asyncio.to_thread, self.traces.close)
+            opened.enter_context(self.traces.serving())
             if self.memory is not None:
                 await self.memory.start()
                 opened.push_async_callback(self.memory.aclose)
@@ -279,6 +302,8 @@ class Gateway:
             started.append(start(self.chains.follow(refresh_s), name="mythic-registry"))
         if self.provisioner is not None:
             started.append(start(self.provisioner.run(), name="mythic-provision"))
+        if self.mcp is not None:
+            started.append(start(self.mcp.run(), name="mythic-mcp"))
         if self.jobs is not None:
             started += self.jobs.start(tasks)
         return started
@@ -351,6 +376,15 @@ class Gateway:
 
     def _send(self, session_id: str, message: ServerMessage) -> None:
         """The cast's outbox: every NPC message to a session goes out here."""
+        if (
+            isinstance(message, LLMStreamDelta)
+            and message.final
+            and message.finish_reason != "tool_call"
+        ):
+            # The reply is over: so is its turn's `gateway` hop.
+            self.traces.end(
+                session_id, message.npc_id, message.turn_id, finish_reason=message.finish_reason
+            )
         self.sessions.send(session_id, message)
 
     # -- the cast's ReplySink -----------------------------------------------------------------
@@ -486,6 +520,8 @@ class Gateway:
 
         session.listeners.append(listen)
         session.detached_at = None  # not reaped while a line is in flight, however long
+        self.traces.begin(session.id, npc_id, turn_id, source="http", text_chars=len(body.text))
+        failed: str | None = "refused"
         try:
             line = PlayerUtterance(
                 npc_id=npc_id, session_id=session.id, turn_id=turn_id, text=body.text
@@ -493,11 +529,14 @@ class Gateway:
             self.cast.deliver(session.id, line, tools=False, player_id=session.player_id)
             async with asyncio.timeout(_SAY_TIMEOUT_S):
                 finish = await done
+            failed = None
         except TimeoutError:
+            failed = "timed out"
             raise ReplyTimeoutError(
                 f"the NPC did not finish its reply in {_SAY_TIMEOUT_S:.0f} s"
             ) from None
         finally:
+            self.traces.end(session.id, npc_id, turn_id, error=failed)
             session.listeners.remove(listen)
             session.detached_at = time.monotonic()
             if body.session_id is None:
@@ -514,7 +553,20 @@ class Gateway:
             finish_reason=finish,
             intent=intent,
             caught=list(record.caught) if record is not None and ours else [],
+            safety=list(record.safety) if record is not None and ours else [],
         )
+
+
+def open_traces(settings: ObservabilitySettings) -> Traces:
+    """A server's traces as `settings` say: the last `recent_turns` kept, exported over
+    OTLP/HTTP when an endpoint is configured (or named by the standard variables)."""
+    return Traces(
+        url=settings.traces_url(),
+        headers=settings.otlp_headers or None,
+        timeout_s=settings.otlp_timeout_s,
+        service_name=settings.service_name,
+        keep=settings.recent_turns,
+    )
 
 
 async def _start_voice(voice: VoiceHub) -> None:

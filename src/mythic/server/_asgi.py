@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from mythic.server._app import Gateway
+from mythic.server._dashboard import dashboard_routes
+from mythic.server._proposals import mount_proposals
 from mythic.server._routes_http import HTTP_STATUS, refuse, routes
 from mythic.server._socket import socket_routes
 
@@ -32,4 +34,6 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
         app.add_exception_handler(error, refuse)
     app.include_router(routes)
     app.include_router(socket_routes)
+    mount_proposals(app)
+    app.include_router(dashboard_routes)
     return app

@@ -258,6 +258,10 @@ class Connection:
             ):
                 self._scene(session, message)
                 return
+        if isinstance(message, PlayerUtterance):
+            self.gateway.traces.begin(
+                session.id, message.npc_id, message.turn_id, source="websocket"
+            )
         try:
             self.gateway.cast.deliver(session.id, message, player_id=session.player_id)
         except UnknownNPCError as exc:
@@ -274,6 +278,7 @@ class Connection:
         else:
             return
         if isinstance(message, PlayerUtterance):
+            self.gateway.traces.end(session.id, message.npc_id, message.turn_id, error="refused")
             # A refused line still ends its turn, so a client waiting on it is released.
             session.push(
                 LLMStreamDelta(

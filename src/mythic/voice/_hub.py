@@ -26,6 +26,7 @@ from mythic.contracts import (
     Viseme,
     VoiceFormat,
 )
+from mythic.observability import current, hop_of
 from mythic.voice._audio import Decimator
 from mythic.voice._errors import VoiceError
 from mythic.voice._trace import VoiceStats, VoiceTrace
@@ -104,6 +105,8 @@ class _Speech:
         self.marks: list[tuple[float, int, int]] = []
         """Per chunk sent: (when the client will have played it, its phrase's index, that
         phrase's words spoken whole by then)."""
+        self.hop = hop_of("tts", session_id, npc_id, turn_id, voice=voice_id)
+        """The reply's `tts` hop of its turn's trace: from its first phrase to its last audio."""
         self.task = asyncio.get_running_loop().create_task(
             self._run(), name=f"speech {npc_id}/{turn_id}"
         )
@@ -158,9 +161,16 @@ class _Speech:
                     log.warning("speech for %s/%s failed: %s", self.npc_id, self.turn_id, exc)
             if held is not None:
                 await self._send(*held, final=True)
+        except asyncio.CancelledError:
+            if self.hop is not None:
+                self.hop.set(cut_off=True)
+            raise
         finally:
             self.finished = True
             self.hub.speech_done(self)
+            if self.hop is not None:
+                self.hop.set(phrases=len(self.texts), chunks=self.seq)
+                self.hop.end()
 
     async def _send(self, chunk: SpeechChunk, index: int, *, final: bool) -> None:
         while True:
@@ -189,6 +199,8 @@ class _Speech:
         self.seq += 1
         self.hub.stats.chunks_sent += 1
         trace = self.trace
+        if self.seq == 1 and self.hop is not None:
+            self.hop.event("first_audio")
         if trace is not None and trace.first_audio is None:
             trace.first_audio = now
             self.hub.traced(self.npc_id, self.turn_id, trace)
@@ -535,6 +547,13 @@ def _new_turn_id() -> str:
     return f"v-{uuid.uuid4().hex[:12]}"
 
 
+def _asr_hop(channel: _Channel, turn_id: str, trace: VoiceTrace) -> None:
+    """The turn's `asr` hop: from the end of the player's utterance to its final transcript."""
+    asr = hop_of("asr", channel.session_id, channel.npc_id, turn_id, start=trace.utterance_end)
+    if asr is not None:
+        asr.end(at=trace.asr_final)
+
+
 # -- the hub ----------------------------------------------------------------------------------
 
 
@@ -643,10 +662,23 @@ class VoiceHub:
 
         self._traces[(channel.session_id, turn_id)] = trace
         line = channel.line(turn_id, text)
+        traces = current()
+        if traces is not None:
+            # The spoken turn's trace starts when the player stopped speaking.
+            traces.begin(
+                channel.session_id,
+                channel.npc_id,
+                turn_id,
+                start=trace.utterance_end,
+                source="voice",
+            )
+            _asr_hop(channel, turn_id, trace)
         try:
             self.cast.deliver(channel.session_id, line, player_id=channel.player_id, spoken=True)
         except MailboxFullError as exc:
             self.stats.errors["npc_busy"] += 1
+            if traces is not None:
+                traces.end(channel.session_id, channel.npc_id, turn_id, error="npc_busy")
             from mythic.contracts import Error
 
             self.send(
@@ -657,6 +689,7 @@ class VoiceHub:
     def confirmed(self, channel: _Channel, turn_id: str, hold: Hold, trace: VoiceTrace) -> None:
         """The preemptive reply behind `hold` answers the player's final line: release it."""
         self._traces[(channel.session_id, turn_id)] = trace
+        _asr_hop(channel, turn_id, trace)  # under the reply's actor, begun at the pause
         hold.release()
 
     def turn_taking(self, npc_id: str) -> TurnTaking:
