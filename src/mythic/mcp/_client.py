@@ -131,8 +131,11 @@ class McpClient:
         while True:
             connection.lost.clear()
             try:
-                async with Client(connection.transport()) as client:
+                async with contextlib.AsyncExitStack() as stack:
+                    # The handshake too: a server that accepts but never answers would hold
+                    # the keeper in `Client.__aenter__`, never trying again.
                     async with asyncio.timeout(self.settings.connect_timeout_s):
+                        client = await stack.enter_async_context(Client(connection.transport()))
                         listed = await client.list_tools()
                     tools = [tool_of(connection.settings, t) for t in listed.tools]
                     connection.tools = {t.tool: t for t in tools if t is not None}
