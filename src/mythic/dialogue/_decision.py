@@ -32,6 +32,11 @@ from mythic.engine import (
 
 log = logging.getLogger(__name__)
 
+_RECENT = 3
+"""At most this many results of the NPC's MCP read tools in a decision's prompt, ..."""
+_RECENT_CHARS = 390
+"""... in at most this many characters together (each line a third)."""
+
 
 @dataclass(slots=True)
 class Decision:
@@ -77,6 +82,26 @@ class Decider:
         lines.append('Answer with JSON: {"intent": ..., "action": null or {"name", "args"}}.')
         return "\n".join(lines)
 
+    def _recent_prompt(self) -> str | None:
+        """What the NPC's MCP read tools told it recently (`ExternalTools.recent`), newest
+        first, each line capped; None when nothing. A result the content policy blocks is
+        left out, as the turn withholds it. No I/O."""
+        external, character = self.stage.external, self.character
+        if external is None:
+            return None
+        cap = _RECENT_CHARS // _RECENT
+        lines = []
+        for told in external.recent(character.npc_id, _RECENT):
+            answer = _compact(told.result)
+            if character.guard is not None and not character.guard.check(answer, "tool").ok:
+                continue
+            line = f"- {told.name} {_compact(told.args)}: {answer}"
+            lines.append(line if len(line) <= cap else line[: cap - 1] + "…")
+        if not lines:
+            return None
+        head = f"What {character.short_name}'s tools answered recently (tool arguments: answer):"
+        return "\n".join([head, *lines])
+
     def external(self, tools: bool) -> Sequence[ExternalTool]:
         """The external (MCP) tools the NPC may call now; none when `tools` is False. No I/O."""
         external = self.stage.external
@@ -86,7 +111,8 @@ class Decider:
         """The gold request that decides `text`'s intent and tool (`tools`: the NPC's tools
         offered, its external ones among them); its system message is the same for every
         line of a scene, so a warm-up (`Gateway.warmup`) can have it evaluated before the
-        player's first line."""
+        player's first line. What the NPC's MCP read tools answered recently follows it, in a
+        message of its own before the line (none when nothing)."""
         character = self.character
         offered = character.tools if tools else []
         external = self.external(tools)
@@ -96,13 +122,15 @@ class Decider:
             targets=character.scene.targets(),
             external=external,
         )
+        messages = [ChatMessage("system", self._intent_prompt(offered, external))]
+        recent = self._recent_prompt()
+        if recent is not None:
+            messages.append(ChatMessage("system", recent))
+        messages.append(ChatMessage("user", text))
         return GenerationRequest(
             npc_id=character.npc_id,
             session_id=f"{session_id}/decide",
-            messages=[
-                ChatMessage("system", self._intent_prompt(offered, external)),
-                ChatMessage("user", text),
-            ],
+            messages=messages,
             priority=Priority.GOLD,
             json_schema=schema,
             sampling=self.stage.decision_sampling(),
@@ -238,3 +266,8 @@ class Decider:
             log.warning("%s could not read the item asked for: %s", character.npc_id, exc)
             self.stage.stats.decision_failures += 1
             return None
+
+
+def _compact(value: Any) -> str:
+    """`value` as JSON without spaces, for a prompt."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

@@ -106,6 +106,20 @@ class ExternalOutcome(Protocol):
     def message(self) -> str | None: ...
 
 
+class ExternalResult(Protocol):
+    """What a read tool told an NPC recently (a fresh cached result)."""
+
+    @property
+    def name(self) -> str:
+        """The tool, `server.tool`."""
+
+    @property
+    def args(self) -> dict[str, Any]: ...
+
+    @property
+    def result(self) -> dict[str, Any]: ...
+
+
 class ExternalTools(Protocol):
     """Tools Mythic calls itself, inside a silver turn (the MCP client, `mythic.mcp`). Every
     method is safe to call on the event loop; none raises for a server's failure."""
@@ -124,6 +138,11 @@ class ExternalTools(Protocol):
 
     def cached(self, npc_id: str, name: str, args: dict[str, Any]) -> ExternalOutcome | None:
         """A read tool's fresh cached result for these arguments, or None. No I/O."""
+
+    def recent(self, npc_id: str, limit: int) -> Sequence[ExternalResult]:
+        """What `npc_id`'s read tools told it recently (fresh cached results of tools it may
+        call), newest first, at most `limit`. Synchronous, no I/O: the gold decision reads
+        it."""
 
     def call(self, npc_id: str, name: str, args: dict[str, Any]) -> Awaitable[ExternalOutcome]:
         """Validate the arguments and call the tool within its timeout; errors, timeouts and

@@ -32,7 +32,15 @@ from mythic.mcp._errors import (
     McpToolNotAllowedError,
     McpUnavailableError,
 )
-from mythic.mcp._tools import AllowList, McpTool, ResultCache, result_of, tool_of, validate_args
+from mythic.mcp._tools import (
+    AllowList,
+    CachedResult,
+    McpTool,
+    ResultCache,
+    result_of,
+    tool_of,
+    validate_args,
+)
 from mythic.route import Breaker
 
 log = logging.getLogger(__name__)
@@ -243,8 +251,14 @@ class McpClient:
         """A read tool's fresh cached result for `args`, or None. No I/O: gold calls it."""
         if not self.allow.allows(npc_id, name):
             return None
-        result = self.cache.get(name, args)
+        result = self.cache.get(name, args, npc_id)
         return McpOutcome("ok", result) if result is not None else None
+
+    def recent(self, npc_id: str, limit: int) -> list[CachedResult]:
+        """The fresh results of read tools `npc_id` was given (called, or reused from the
+        cache), newest first, at most `limit`, of tools it may still call. No I/O: the gold
+        decision puts them in its prompt."""
+        return self.cache.recent(npc_id, limit, lambda name: self.allow.allows(npc_id, name))
 
     async def call_checked(self, npc_id: str, name: str, args: Any) -> dict[str, Any]:
         """Call `name` for `npc_id` with `args`; a read tool's fresh cached result is reused.
@@ -260,7 +274,7 @@ class McpClient:
         tool = self.tool(npc_id, name)
         args = validate_args(tool, args)
         if not tool.write:
-            hit = self.cache.get(name, args)
+            hit = self.cache.get(name, args, npc_id)
             if hit is not None:
                 return hit
         connection = self._connections[tool.server]
@@ -292,7 +306,7 @@ class McpClient:
             raise
         breaker.success()
         if not tool.write:
-            self.cache.put(name, args, result)
+            self.cache.put(name, args, result, npc_id)
         return result
 
     async def call(self, npc_id: str, name: str, args: dict[str, Any]) -> McpOutcome:

@@ -157,6 +157,25 @@ def result_of(tool: McpTool, result: CallToolResult, max_chars: int) -> dict[str
     return data
 
 
+@dataclass(frozen=True, slots=True)
+class CachedResult:
+    """A read tool's result an NPC was told, still fresh in the cache."""
+
+    name: str
+    """The tool, `server.tool`."""
+    args: dict[str, Any]
+    result: dict[str, Any]
+
+
+@dataclass(slots=True)
+class _Entry:
+    at: float
+    args: dict[str, Any]
+    result: dict[str, Any]
+    told: set[str]
+    """The NPCs given this result (by a call, or from the cache)."""
+
+
 class ResultCache:
     """Read tools' results by tool and arguments, for `ttl_s` seconds: a turn reuses them
     without a call, and gold reads them without ever waiting on a server."""
@@ -167,25 +186,53 @@ class ResultCache:
         self.ttl_s = ttl_s
         self.clock = clock
         self.size = size
-        self._entries: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+        # In the order they were fetched: the newest last, the expired first.
+        self._entries: dict[tuple[str, str], _Entry] = {}
 
     @staticmethod
     def _key(name: str, args: Mapping[str, Any]) -> tuple[str, str]:
         return (name, json.dumps(args, sort_keys=True, ensure_ascii=False))
 
-    def get(self, name: str, args: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The fresh result of `name` for `args`, or None."""
+    def get(
+        self, name: str, args: Mapping[str, Any], npc_id: str | None = None
+    ) -> dict[str, Any] | None:
+        """The fresh result of `name` for `args`, or None; `npc_id`: the NPC it is given to
+        (it is then among that NPC's `recent` results)."""
         entry = self._entries.get(self._key(name, args))
-        if entry is None or self.clock() - entry[0] >= self.ttl_s:
+        if entry is None or self.clock() - entry.at >= self.ttl_s:
             return None
-        return entry[1]
+        if npc_id is not None:
+            entry.told.add(npc_id)
+        return entry.result
 
-    def put(self, name: str, args: Mapping[str, Any], result: dict[str, Any]) -> None:
-        """Keep a result (nothing when the TTL is 0); the oldest go past `size` entries."""
+    def put(
+        self,
+        name: str,
+        args: Mapping[str, Any],
+        result: dict[str, Any],
+        npc_id: str | None = None,
+    ) -> None:
+        """Keep a result (nothing when the TTL is 0), fetched for `npc_id`; the oldest go
+        past `size` entries."""
         if self.ttl_s <= 0:
             return
         key = self._key(name, args)
         self._entries.pop(key, None)
-        self._entries[key] = (self.clock(), result)
+        told = {npc_id} if npc_id is not None else set()
+        self._entries[key] = _Entry(self.clock(), dict(args), result, told)
         while len(self._entries) > self.size:
             del self._entries[next(iter(self._entries))]
+
+    def recent(
+        self, npc_id: str, limit: int, allowed: Callable[[str], bool] = lambda _: True
+    ) -> list[CachedResult]:
+        """The fresh results `npc_id` was given, newest first, at most `limit`, of the tools
+        `allowed` accepts. No I/O: gold reads it."""
+        found: list[CachedResult] = []
+        now = self.clock()
+        for (name, _), entry in reversed(self._entries.items()):
+            if len(found) >= limit or now - entry.at >= self.ttl_s:
+                break  # the rest are older still
+            if npc_id in entry.told and allowed(name):
+                found.append(CachedResult(name, entry.args, entry.result))
+        return found
