@@ -109,6 +109,28 @@ def test_ordinary_player_lines_are_not_blocked(line: str) -> None:
     assert Guard(SafetyPolicy.of()).check_player(line).ok, line
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Nobody would miss me if I was gone.",
+        "I'm so tired of living, barkeep.",
+        "Is there any reason to go on? There's no point in living.",
+        "I wish I were dead.",
+        "Should I just end my life?",
+    ],
+)
+def test_a_players_thoughts_of_self_harm_are_found(line: str) -> None:
+    verdict = Guard(SafetyPolicy.of()).check_player(line)
+    assert not verdict.ok and verdict.category == "self_harm", line
+
+
+@pytest.mark.parametrize(
+    "line", ["We end it tonight, at the cathedral.", "This fight is over; end it now."]
+)
+def test_an_npcs_plot_of_ending_something_is_not_self_harm(line: str) -> None:
+    assert Guard(SafetyPolicy.of()).check(line).ok, line
+
+
 def test_personal_data_is_found_and_redacted() -> None:
     line = (
         "Mail me at jane.doe+npc@example.co.uk or call +1 (555) 123-4567; my card is "
@@ -124,6 +146,24 @@ def test_personal_data_is_found_and_redacted() -> None:
     assert verdict.ok  # personal data is redacted, not refused
     assert verdict.text == redacted
     assert verdict.redacted == 5
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        ("My phone number is +44 20 7946 0958.", "phone"),
+        ("Call 555-867-5309.", "phone"),
+        ("Ring +4915123456789, or 020 7946 0958!", "phone"),
+        ("Mail bob@example.com.", "email"),
+        ("Card 4539 1488 0343 6467.", "card"),
+        ("SSN 078-05-1120.", "ssn"),
+        ("Host 10.0.0.1.", "ip"),
+    ],
+)
+def test_personal_data_at_the_end_of_a_sentence(line: str, kind: str) -> None:
+    found = pii_hits(line)
+    assert found and found[0].rule.endswith(f"({kind})"), (line, found)
+    assert not Guard(SafetyPolicy.of()).check(line).ok
 
 
 @pytest.mark.parametrize(

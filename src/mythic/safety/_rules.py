@@ -110,6 +110,20 @@ _SELF_HARM = (
     r"\b(?:jump off|jump from) (?:a |the )?(?:bridge|roof|building|cliff|tower)\b.*\b(?:end|die)\b",
 )
 
+# What a player says of wanting to die, which in an NPC's mouth is a plot ("we end it
+# tonight"): checked on players' lines only. The usual phrasings of suicidal ideation.
+_IDEATION = (
+    r"\b(?:my|this) life is (?:pointless|worthless|meaningless|hopeless|not worth (?:living|it)|"
+    r"over|a waste)\b",
+    r"\b(?:better off dead|not worth living|end it all|end it (?:tonight|today|now)|"
+    r"(?:can'?t|cannot) go on(?: living)?|tired of (?:living|being alive|life))\b",
+    r"\bno (?:reason|point) (?:to|in) (?:live|living|go on|going on|stay alive|staying alive)\b",
+    r"\bi (?:wish|want) (?:i was|i were|to be|i'd be) dead\b",
+    r"\b(?:should|could|shall|will) i (?:just )?(?:end it|end my life|die|kill myself|"
+    r"give up on life|stop living)\b",
+    r"\b(?:nobody|no one) would (?:miss|care if) (?:me|i (?:died|was gone|were gone))\b",
+)
+
 # -- prompt injection (players' lines) ------------------------------------------------------------
 
 _INJECTION = (
@@ -147,7 +161,7 @@ _INJECTION = (
 _EMAIL = r"\b[\w.+-]{1,64}@[\w-]{1,63}(?:\.[\w-]{1,63})*\.[a-z]{2,24}\b"
 _PHONE = (
     r"(?<![\w.])(?<!\d[ .-])(?:\+\d{1,3}[ .-]?)?(?:\(\d{2,4}\)[ .-]?|\d{2,4}[ .-])\d{3,4}"
-    r"[ .-]\d{3,4}(?![\w.])(?![ .-]\d)|(?<![\w.+])\+\d{8,14}(?![\w.])"
+    r"[ .-]\d{3,4}(?!\w|\.\d)(?![ .-]\d)|(?<![\w.+])\+\d{8,14}(?!\w|\.\d)"
 )
 _CARD = r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)"
 _SSN = r"(?<!\d)\d{3}-\d{2}-\d{4}(?!\d)"
@@ -185,6 +199,7 @@ _RULES: tuple[tuple[Category, str, re.Pattern[str], frozenset[Where]], ...] = (
     ("hate", "hate speech", _compile(*_HATE), frozenset({"player", "reply", "tool"})),
     ("sexual", "sexual content", _compile(*_SEXUAL), frozenset({"player", "reply", "tool"})),
     ("self_harm", "self-harm", _compile(*_SELF_HARM), frozenset({"player", "reply", "tool"})),
+    ("self_harm", "thoughts of self-harm", _compile(*_IDEATION), frozenset({"player"})),
     ("strong_profanity", "strong swearing", _compile(_STRONG), frozenset({"reply", "tool"})),
     ("profanity", "swearing", _compile(_MILD, _MILD_EXACT), frozenset({"reply", "tool"})),
     ("injection", "an attempt to rewrite the instructions", _compile(*_INJECTION),
