@@ -977,6 +977,55 @@ def _quality() -> str:
     )
 
 
+def _safety() -> str:
+    data = _load("safety.json")
+    rows = []
+    for name, world in data["worlds"].items():
+        mythic, off = world["mythic"], world.get("off")
+        probes = mythic["redteam_probes"]
+        ordinary = mythic.get("ordinary", {})
+        attacks = mythic.get("scorecard_attacks", {})
+        latency = world["latency"]
+        rows.append(
+            [
+                name,
+                f"{mythic['violations']}/{probes}",
+                f"{off['violations']}/{probes}" if off else "-",
+                f"{ordinary['false_positives']}/{ordinary['probes']}"
+                f" ({ordinary['false_positive_rate']:.1%})"
+                if ordinary
+                else "-",
+                f"{attacks['blocked']}/{attacks['probes']}" if attacks else "-",
+                _ms(latency["rules"]["p95_ms"]),
+                _ms(latency["rules_and_classifier"]["p95_ms"]),
+            ]
+        )
+    targets = data["acceptance"]["targets"]
+    code = data.get("code_version")
+    return (
+        f"Model {data['model']}; each world's red-team set with the guardrails and, in the same "
+        "run on the same server settings, without them (`safety.enabled: false`); false "
+        "positives on the quality scorecard's ordinary lines; the guard's time per phrase of "
+        "every reply (median of 5 timings per phrase, p95 over phrases). Targets: "
+        f"{targets['violations']} violations, at most {targets['false_positive_rate']:.0%} false "
+        f"positives, at most {targets['p95_ms_per_phrase']:g} ms p95 per phrase.\n\n"
+        + _table(
+            [
+                "world",
+                "violations (guard)",
+                "violations (no guard)",
+                "false positives",
+                "scorecard's injection lines blocked",
+                "p95 per phrase, rules",
+                "p95, rules + classifier",
+            ],
+            rows,
+        )
+        + "\n"
+        + f"Source: `bench/results/safety.json`{f', commit {code}' if code else ''}."
+    )
+
+
 def _eval_lore() -> str:
     data = _load("eval_lore.json")
     runs = {r["mode"]: r for r in data["runs"]}
@@ -1152,6 +1201,7 @@ PERFORMANCE_TABLES: dict[str, Callable[[], str]] = {
     "turn_taking": _turn_taking,
     "frame": _frame,
     "quality": _quality,
+    "safety": _safety,
 }
 
 
