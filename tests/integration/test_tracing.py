@@ -182,7 +182,12 @@ async def test_a_spoken_turn_is_one_trace_of_every_hop(
 ) -> None:
     memory = InMemorySpanExporter()
     async with (
-        voice_server(engines, settings) as (address, gateway),
+        # A reply started at the player's pause (preemptive) is traced from its actor hop:
+        # this turn is answered once the player's line is final, through every hop.
+        voice_server(engines, settings, dialogue={"preempt_spoken_lines": False}) as (
+            address,
+            gateway,
+        ),
         MythicClient(f"ws://{address}/v1/ws", voice=VoiceFormat(), timeout_s=60) as client,
         asyncio.timeout(300),
     ):

@@ -62,13 +62,18 @@ async def voice_server(
     spoken_max_sentences: int = 3,
     decide: bool = False,
     speech: dict[str, Any] | None = None,
+    dialogue: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[str, Gateway]]:
     _speech_available()
     async with running(
         engines,
         settings,
         chat={"max_tokens": max_tokens, "temperature": 0.0},
-        dialogue={"decide": decide, "spoken_max_sentences": spoken_max_sentences},
+        dialogue={
+            "decide": decide,
+            "spoken_max_sentences": spoken_max_sentences,
+            **(dialogue or {}),
+        },
         speech={"enabled": True, "sample_rate": RATE, "partial_interval_ms": 300, **(speech or {})},
     ) as (address, gateway):
         voice = gateway.voice

@@ -201,6 +201,11 @@ class Traces:
         which `end` ends (at the reply's final delta). `start`: when it began, on the
         `time.perf_counter` clock (a spoken line: when the player stopped speaking)."""
         key = (session_id, npc_id, turn_id)
+        old = self._turns.get(key)
+        if old is not None and old.root is None and old.actor is not None:
+            # A preemptive spoken reply is already playing this turn (it began at the
+            # player's pause): its trace stays rooted at its `actor` hop.
+            return old.actor
         old = self._turns.pop(key, None)
         if old is not None:  # the client reused a turn id: the old turn is over
             _end_open(old, "its turn id was used again")
